@@ -1,0 +1,64 @@
+package conf
+
+import "time"
+
+// Backend is the [backend] section.
+type Backend struct {
+	Listen string `toml:"listen"`
+	// AdminToken guards /admin/v1; empty disables the admin API.
+	AdminToken string `toml:"admin_token"`
+	// ReservationTTL is how long a reservation may stay pending before the sweeper
+	// resolves it.
+	ReservationTTL Duration `toml:"reservation_ttl"`
+	// RedisTimeout bounds each Redis call of a request.
+	RedisTimeout Duration `toml:"redis_timeout"`
+	// PublishTimeout bounds the wait for the broker's confirm.
+	PublishTimeout Duration `toml:"publish_timeout"`
+	// SoldOutTTL is how long a local "sold out" flag is trusted without news.
+	SoldOutTTL     Duration `toml:"sold_out_ttl"`
+	RetryAfter     Duration `toml:"retry_after"`
+	MaxBodyBytes   int      `toml:"max_body_bytes"`
+	AdminBodyBytes int      `toml:"admin_body_bytes"`
+	ReadTimeout    Duration `toml:"read_timeout"`
+	WriteTimeout   Duration `toml:"write_timeout"`
+	IdleTimeout    Duration `toml:"idle_timeout"`
+	ShutdownGrace  Duration `toml:"shutdown_grace"`
+}
+
+func defaultBackend() Backend {
+	return Backend{
+		Listen:         "127.0.0.1:8090",
+		ReservationTTL: D(30 * time.Second),
+		RedisTimeout:   D(200 * time.Millisecond),
+		PublishTimeout: D(3 * time.Second),
+		SoldOutTTL:     D(500 * time.Millisecond),
+		RetryAfter:     D(time.Second),
+		MaxBodyBytes:   4 << 10,
+		AdminBodyBytes: 64 << 10,
+		ReadTimeout:    D(5 * time.Second),
+		WriteTimeout:   D(5 * time.Second),
+		IdleTimeout:    D(60 * time.Second),
+		ShutdownGrace:  D(10 * time.Second),
+	}
+}
+
+func (b *Backend) validate(p *problems) {
+	checkListen(p, "backend.listen", b.Listen)
+	if b.AdminToken != "" && len(b.AdminToken) < 8 {
+		p.add("backend.admin_token", "must be at least 8 characters (or empty to disable the admin API)")
+	}
+	checkPositive(p, "backend.reservation_ttl", b.ReservationTTL)
+	checkPositive(p, "backend.redis_timeout", b.RedisTimeout)
+	checkPositive(p, "backend.publish_timeout", b.PublishTimeout)
+	checkPositive(p, "backend.sold_out_ttl", b.SoldOutTTL)
+	checkPositive(p, "backend.retry_after", b.RetryAfter)
+	checkRange(p, "backend.max_body_bytes", b.MaxBodyBytes, 64, 1<<20)
+	checkRange(p, "backend.admin_body_bytes", b.AdminBodyBytes, 256, 16<<20)
+	checkPositive(p, "backend.read_timeout", b.ReadTimeout)
+	checkPositive(p, "backend.write_timeout", b.WriteTimeout)
+	checkPositive(p, "backend.idle_timeout", b.IdleTimeout)
+	checkPositive(p, "backend.shutdown_grace", b.ShutdownGrace)
+	if b.PublishTimeout.Duration >= b.ReservationTTL.Duration {
+		p.add("backend.publish_timeout", "must be shorter than backend.reservation_ttl")
+	}
+}

@@ -1,0 +1,172 @@
+// Package conf holds the configuration of every seckill binary: the TOML schema,
+// its defaults, the SECKILL_* environment overrides and validation.
+package conf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// DefaultPath is where the binaries look for their configuration file.
+const DefaultPath = "conf/seckill.toml"
+
+// Config is the whole file. Every binary loads all of it, so one file can drive a
+// whole stack, and uses the sections it needs.
+type Config struct {
+	Redis    Redis    `toml:"redis"`
+	MySQL    MySQL    `toml:"mysql"`
+	RabbitMQ RabbitMQ `toml:"rabbitmq"`
+	Proxy    Proxy    `toml:"proxy"`
+	Backend  Backend  `toml:"backend"`
+	Worker   Worker   `toml:"worker"`
+	Bench    Bench    `toml:"bench"`
+}
+
+// Default returns the configuration used for every key the file leaves out.
+func Default() Config {
+	return Config{
+		Redis:    defaultRedis(),
+		MySQL:    defaultMySQL(),
+		RabbitMQ: defaultRabbitMQ(),
+		Proxy:    defaultProxy(),
+		Backend:  defaultBackend(),
+		Worker:   defaultWorker(),
+		Bench:    defaultBench(),
+	}
+}
+
+// Error lists every problem found in a configuration, each naming its key.
+type Error struct {
+	Problems []string
+}
+
+func (e *Error) Error() string {
+	if len(e.Problems) == 1 {
+		return "config: " + e.Problems[0]
+	}
+	return fmt.Sprintf("config: %d problems:\n  %s", len(e.Problems), strings.Join(e.Problems, "\n  "))
+}
+
+// problems collects validation failures so that all of them are reported at once.
+type problems []string
+
+func (p *problems) add(key, format string, args ...any) {
+	*p = append(*p, key+": "+fmt.Sprintf(format, args...))
+}
+
+// Load reads the file at path (a missing file is an error), applies the
+// environment overrides of env (usually os.Getenv) and validates the result.
+func Load(path string, env func(string) string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	return Parse(string(data), env)
+}
+
+// LoadDefault behaves as Load with os.Getenv.
+func LoadDefault(path string) (Config, error) { return Load(path, os.Getenv) }
+
+// Parse decodes a TOML document over the defaults, applies env overrides and
+// validates. env may be nil.
+func Parse(doc string, env func(string) string) (Config, error) {
+	cfg := Default()
+	// Rules are a list: a file that names any replaces the default set whole.
+	md, err := toml.Decode(doc, &cfg)
+	if err != nil {
+		var perr toml.ParseError
+		if errors.As(err, &perr) {
+			return Config{}, fmt.Errorf("config: %s", perr.Error())
+		}
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	var p problems
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, 0, len(und))
+		for _, k := range und {
+			keys = append(keys, k.String())
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			p.add(k, "unknown key")
+		}
+	}
+	if env != nil {
+		cfg.applyEnv(env, &p)
+	}
+	cfg.validate(&p)
+	if len(p) > 0 {
+		return Config{}, &Error{Problems: p}
+	}
+	return cfg, nil
+}
+
+// Validate checks a configuration built in code (tests, tools).
+func (c *Config) Validate() error {
+	var p problems
+	c.validate(&p)
+	if len(p) > 0 {
+		return &Error{Problems: p}
+	}
+	return nil
+}
+
+func (c *Config) validate(p *problems) {
+	c.Redis.validate(p)
+	c.MySQL.validate(p)
+	c.RabbitMQ.validate(p)
+	c.Proxy.validate(p)
+	c.Backend.validate(p)
+	c.Worker.validate(p)
+	c.Bench.validate(p)
+}
+
+// Environment variables that override the file (DESIGN.md §5).
+const (
+	EnvRedisURL         = "SECKILL_REDIS_URL"
+	EnvMySQLDSN         = "SECKILL_MYSQL_DSN"
+	EnvAMQPURL          = "SECKILL_AMQP_URL"
+	EnvAdminToken       = "SECKILL_ADMIN_TOKEN"
+	EnvProxyListen      = "SECKILL_PROXY_LISTEN"
+	EnvProxyAdminListen = "SECKILL_PROXY_ADMIN_LISTEN"
+	EnvProxyUpstreams   = "SECKILL_PROXY_UPSTREAMS"
+	EnvBackendListen    = "SECKILL_BACKEND_LISTEN"
+	EnvWorkerListen     = "SECKILL_WORKER_LISTEN"
+	EnvRedisKeyPrefix   = "SECKILL_REDIS_PREFIX"
+	EnvAMQPQueuePrefix  = "SECKILL_AMQP_PREFIX"
+)
+
+func (c *Config) applyEnv(env func(string) string, p *problems) {
+	set := func(name string, dst *string) {
+		if v := env(name); v != "" {
+			*dst = v
+		}
+	}
+	set(EnvRedisURL, &c.Redis.URL)
+	set(EnvRedisKeyPrefix, &c.Redis.KeyPrefix)
+	set(EnvMySQLDSN, &c.MySQL.DSN)
+	set(EnvAMQPURL, &c.RabbitMQ.URL)
+	set(EnvAMQPQueuePrefix, &c.RabbitMQ.Prefix)
+	set(EnvAdminToken, &c.Backend.AdminToken)
+	set(EnvProxyListen, &c.Proxy.Listen)
+	set(EnvProxyAdminListen, &c.Proxy.AdminListen)
+	set(EnvBackendListen, &c.Backend.Listen)
+	set(EnvWorkerListen, &c.Worker.Listen)
+	if v := env(EnvProxyUpstreams); v != "" {
+		var ups []string
+		for _, u := range strings.Split(v, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				ups = append(ups, u)
+			}
+		}
+		if len(ups) == 0 {
+			p.add(EnvProxyUpstreams, "no upstream URL in %q", v)
+		}
+		c.Proxy.Upstreams = ups
+	}
+}

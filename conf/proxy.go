@@ -1,0 +1,149 @@
+package conf
+
+import (
+	"net"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Proxy is the [proxy] section.
+type Proxy struct {
+	Listen      string   `toml:"listen"`
+	AdminListen string   `toml:"admin_listen"`
+	Upstreams   []string `toml:"upstreams"`
+	// TrustedProxies are CIDRs whose X-Forwarded-For / Forwarded is believed.
+	TrustedProxies []string `toml:"trusted_proxies"`
+	// IPv6Prefix is the prefix length that keys an IPv6 client.
+	IPv6Prefix      int      `toml:"ipv6_prefix"`
+	ReadTimeout     Duration `toml:"read_timeout"`
+	WriteTimeout    Duration `toml:"write_timeout"`
+	IdleTimeout     Duration `toml:"idle_timeout"`
+	UpstreamConnect Duration `toml:"upstream_connect_timeout"`
+	UpstreamTimeout Duration `toml:"upstream_timeout"`
+	MaxBodyBytes    int      `toml:"max_body_bytes"`
+	MaxHeaderBytes  int      `toml:"max_header_bytes"`
+	// RedisTimeout bounds each limiter call to Redis.
+	RedisTimeout Duration `toml:"redis_timeout"`
+	// SoldOutTTL is how long the proxy answers a sold-out activity itself.
+	SoldOutTTL    Duration `toml:"sold_out_ttl"`
+	ShutdownGrace Duration `toml:"shutdown_grace"`
+	Rules         []Rule   `toml:"rules"`
+}
+
+// Rule is one [[proxy.rules]] entry.
+type Rule struct {
+	Name       string   `toml:"name"`
+	Methods    []string `toml:"methods"`
+	PathPrefix string   `toml:"path_prefix"`
+	PerIP      *Window  `toml:"per_ip"`
+	Global     *Window  `toml:"global"`
+	// OnRedisError is "local", "open" or "closed".
+	OnRedisError string `toml:"on_redis_error"`
+	Shadow       bool   `toml:"shadow"`
+}
+
+// Window is a sliding-window limit: at most Limit admitted requests per Window.
+type Window struct {
+	Limit  int      `toml:"limit"`
+	Window Duration `toml:"window"`
+}
+
+func defaultProxy() Proxy {
+	return Proxy{
+		Listen:          "127.0.0.1:8080",
+		AdminListen:     "127.0.0.1:8081",
+		Upstreams:       []string{"http://127.0.0.1:8090"},
+		IPv6Prefix:      64,
+		ReadTimeout:     D(5 * time.Second),
+		WriteTimeout:    D(5 * time.Second),
+		IdleTimeout:     D(60 * time.Second),
+		UpstreamConnect: D(time.Second),
+		UpstreamTimeout: D(5 * time.Second),
+		MaxBodyBytes:    1 << 20,
+		MaxHeaderBytes:  8 << 10,
+		RedisTimeout:    D(20 * time.Millisecond),
+		SoldOutTTL:      D(time.Second),
+		ShutdownGrace:   D(10 * time.Second),
+	}
+}
+
+func (x *Proxy) validate(p *problems) {
+	checkListen(p, "proxy.listen", x.Listen)
+	checkListen(p, "proxy.admin_listen", x.AdminListen)
+	if x.Listen == x.AdminListen {
+		p.add("proxy.admin_listen", "must differ from proxy.listen")
+	}
+	if len(x.Upstreams) == 0 {
+		p.add("proxy.upstreams", "needs at least one upstream URL")
+	}
+	for i, u := range x.Upstreams {
+		pu, err := url.Parse(u)
+		if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			p.add(keyIndex("proxy.upstreams", i), "must be an http(s)://host:port URL, got %q", u)
+		}
+	}
+	for i, c := range x.TrustedProxies {
+		if _, _, err := net.ParseCIDR(c); err != nil {
+			p.add(keyIndex("proxy.trusted_proxies", i), "must be a CIDR such as 10.0.0.0/8, got %q", c)
+		}
+	}
+	checkRange(p, "proxy.ipv6_prefix", x.IPv6Prefix, 1, 128)
+	checkPositive(p, "proxy.read_timeout", x.ReadTimeout)
+	checkPositive(p, "proxy.write_timeout", x.WriteTimeout)
+	checkPositive(p, "proxy.idle_timeout", x.IdleTimeout)
+	checkPositive(p, "proxy.upstream_connect_timeout", x.UpstreamConnect)
+	checkPositive(p, "proxy.upstream_timeout", x.UpstreamTimeout)
+	checkRange(p, "proxy.max_body_bytes", x.MaxBodyBytes, 1024, 1<<30)
+	checkRange(p, "proxy.max_header_bytes", x.MaxHeaderBytes, 1024, 1<<20)
+	checkPositive(p, "proxy.redis_timeout", x.RedisTimeout)
+	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)
+	checkPositive(p, "proxy.shutdown_grace", x.ShutdownGrace)
+	names := map[string]bool{}
+	for i, r := range x.Rules {
+		r.validate(p, keyIndex("proxy.rules", i), names)
+	}
+}
+
+func (r *Rule) validate(p *problems, key string, names map[string]bool) {
+	switch {
+	case r.Name == "":
+		p.add(key+".name", "is required")
+	case names[r.Name]:
+		p.add(key+".name", "duplicate rule name %q", r.Name)
+	case strings.ContainsAny(r.Name, "\",; \t{}"):
+		p.add(key+".name", "must not contain quotes, commas, semicolons, braces or spaces, got %q", r.Name)
+	}
+	names[r.Name] = true
+	for j, m := range r.Methods {
+		if m == "" || strings.ToUpper(m) != m || strings.ContainsAny(m, " \t") {
+			p.add(keyIndex(key+".methods", j), "must be an upper-case HTTP method, got %q", m)
+		}
+	}
+	if !strings.HasPrefix(r.PathPrefix, "/") {
+		p.add(key+".path_prefix", "must start with /, got %q", r.PathPrefix)
+	}
+	if r.PerIP == nil && r.Global == nil {
+		p.add(key, "needs per_ip, global or both")
+	}
+	if r.PerIP != nil {
+		r.PerIP.validate(p, key+".per_ip")
+	}
+	if r.Global != nil {
+		r.Global.validate(p, key+".global")
+	}
+	switch r.OnRedisError {
+	case "":
+		r.OnRedisError = "local"
+	case "local", "open", "closed":
+	default:
+		p.add(key+".on_redis_error", "must be \"local\", \"open\" or \"closed\", got %q", r.OnRedisError)
+	}
+}
+
+func (w *Window) validate(p *problems, key string) {
+	checkRange(p, key+".limit", w.Limit, 1, 10_000_000)
+	if w.Window.Duration < time.Millisecond || w.Window.Duration > 24*time.Hour {
+		p.add(key+".window", "must be between 1ms and 24h, got %q", w.Window.String())
+	}
+}

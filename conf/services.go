@@ -1,0 +1,159 @@
+package conf
+
+import (
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis is the [redis] section.
+type Redis struct {
+	URL          string   `toml:"url"`
+	KeyPrefix    string   `toml:"key_prefix"`
+	PoolSize     int      `toml:"pool_size"`
+	DialTimeout  Duration `toml:"dial_timeout"`
+	ReadTimeout  Duration `toml:"read_timeout"`
+	WriteTimeout Duration `toml:"write_timeout"`
+}
+
+func defaultRedis() Redis {
+	return Redis{
+		URL:          "redis://127.0.0.1:6379/0",
+		PoolSize:     64,
+		DialTimeout:  D(time.Second),
+		ReadTimeout:  D(500 * time.Millisecond),
+		WriteTimeout: D(500 * time.Millisecond),
+	}
+}
+
+// Options returns go-redis options for this section.
+func (r Redis) Options() *redis.Options {
+	o, err := redis.ParseURL(r.URL)
+	if err != nil {
+		// validate rejects a bad URL; reaching here is a programming error.
+		o = &redis.Options{Addr: "127.0.0.1:6379"}
+	}
+	o.PoolSize = r.PoolSize
+	o.DialTimeout = r.DialTimeout.Duration
+	o.ReadTimeout = r.ReadTimeout.Duration
+	o.WriteTimeout = r.WriteTimeout.Duration
+	// Every call gets its own deadline from the caller's context.
+	o.ContextTimeoutEnabled = true
+	return o
+}
+
+func (r *Redis) validate(p *problems) {
+	if _, err := redis.ParseURL(r.URL); err != nil {
+		p.add("redis.url", "%v", err)
+	}
+	if strings.ContainsAny(r.KeyPrefix, "{} \t\r\n") {
+		p.add("redis.key_prefix", "must not contain braces or white space, got %q", r.KeyPrefix)
+	}
+	checkRange(p, "redis.pool_size", r.PoolSize, 1, 10000)
+	checkPositive(p, "redis.dial_timeout", r.DialTimeout)
+	checkPositive(p, "redis.read_timeout", r.ReadTimeout)
+	checkPositive(p, "redis.write_timeout", r.WriteTimeout)
+}
+
+// MySQL is the [mysql] section.
+type MySQL struct {
+	DSN             string   `toml:"dsn"`
+	MaxOpenConns    int      `toml:"max_open_conns"`
+	MaxIdleConns    int      `toml:"max_idle_conns"`
+	ConnMaxLifetime Duration `toml:"conn_max_lifetime"`
+	QueryTimeout    Duration `toml:"query_timeout"`
+}
+
+func defaultMySQL() MySQL {
+	return MySQL{
+		DSN:             "root@tcp(127.0.0.1:3306)/seckill",
+		MaxOpenConns:    32,
+		MaxIdleConns:    16,
+		ConnMaxLifetime: D(5 * time.Minute),
+		QueryTimeout:    D(5 * time.Second),
+	}
+}
+
+// Driver returns the parsed DSN with the settings every binary relies on.
+func (m MySQL) Driver() (*mysql.Config, error) {
+	c, err := mysql.ParseDSN(m.DSN)
+	if err != nil {
+		return nil, err
+	}
+	c.ParseTime = true
+	c.Loc = time.UTC
+	c.InterpolateParams = true
+	if c.Params == nil {
+		c.Params = map[string]string{}
+	}
+	c.Params["time_zone"] = "'+00:00'"
+	c.Params["transaction_isolation"] = "'READ-COMMITTED'"
+	return c, nil
+}
+
+func (m *MySQL) validate(p *problems) {
+	c, err := mysql.ParseDSN(m.DSN)
+	switch {
+	case err != nil:
+		p.add("mysql.dsn", "%v", err)
+	case c.DBName == "":
+		p.add("mysql.dsn", "must name a database, e.g. root@tcp(127.0.0.1:3306)/seckill")
+	case strings.ContainsAny(c.DBName, "`'\"\\ "):
+		p.add("mysql.dsn", "database name %q has characters that are not allowed", c.DBName)
+	}
+	checkRange(p, "mysql.max_open_conns", m.MaxOpenConns, 1, 10000)
+	checkRange(p, "mysql.max_idle_conns", m.MaxIdleConns, 0, 10000)
+	checkPositive(p, "mysql.conn_max_lifetime", m.ConnMaxLifetime)
+	checkPositive(p, "mysql.query_timeout", m.QueryTimeout)
+}
+
+// RabbitMQ is the [rabbitmq] section.
+type RabbitMQ struct {
+	URL string `toml:"url"`
+	// Prefix is put before every exchange and queue name, so that isolated stacks
+	// (tests, several demos) can share one broker.
+	Prefix          string   `toml:"prefix"`
+	DeliveryLimit   int      `toml:"delivery_limit"`
+	PublishChannels int      `toml:"publish_channels"`
+	ConfirmTimeout  Duration `toml:"confirm_timeout"`
+	ReconnectMin    Duration `toml:"reconnect_min"`
+	ReconnectMax    Duration `toml:"reconnect_max"`
+}
+
+func defaultRabbitMQ() RabbitMQ {
+	return RabbitMQ{
+		URL:             "amqp://guest:guest@127.0.0.1:5672/",
+		Prefix:          "seckill",
+		DeliveryLimit:   5,
+		PublishChannels: 4,
+		ConfirmTimeout:  D(5 * time.Second),
+		ReconnectMin:    D(100 * time.Millisecond),
+		ReconnectMax:    D(5 * time.Second),
+	}
+}
+
+func (r *RabbitMQ) validate(p *problems) {
+	u, err := url.Parse(r.URL)
+	switch {
+	case err != nil:
+		p.add("rabbitmq.url", "%v", err)
+	case u.Scheme != "amqp" && u.Scheme != "amqps":
+		p.add("rabbitmq.url", "scheme must be amqp or amqps, got %q", u.Scheme)
+	case u.Host == "":
+		p.add("rabbitmq.url", "must name a host, got %q", r.URL)
+	}
+	if r.Prefix == "" || strings.ContainsAny(r.Prefix, " \t\r\n") {
+		p.add("rabbitmq.prefix", "must be a non-empty name without white space, got %q", r.Prefix)
+	}
+	checkRange(p, "rabbitmq.delivery_limit", r.DeliveryLimit, 1, 1000)
+	checkRange(p, "rabbitmq.publish_channels", r.PublishChannels, 1, 256)
+	checkPositive(p, "rabbitmq.confirm_timeout", r.ConfirmTimeout)
+	checkPositive(p, "rabbitmq.reconnect_min", r.ReconnectMin)
+	checkPositive(p, "rabbitmq.reconnect_max", r.ReconnectMax)
+	if r.ReconnectMax.Duration < r.ReconnectMin.Duration {
+		p.add("rabbitmq.reconnect_max", "must not be below rabbitmq.reconnect_min")
+	}
+}

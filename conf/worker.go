@@ -1,0 +1,56 @@
+package conf
+
+import "time"
+
+// Worker is the [worker] section.
+type Worker struct {
+	// Listen serves the worker's /healthz, /readyz and /metrics.
+	Listen string `toml:"listen"`
+	// Consumers is the number of consuming channels in one worker process.
+	Consumers int `toml:"consumers"`
+	// Prefetch is the QoS of each consumer channel.
+	Prefetch int `toml:"prefetch"`
+	// BatchSize and BatchWait bound one MySQL transaction.
+	BatchSize int      `toml:"batch_size"`
+	BatchWait Duration `toml:"batch_wait"`
+	// RetryMin and RetryMax bound the back-off while MySQL or Redis fail.
+	RetryMin          Duration `toml:"retry_min"`
+	RetryMax          Duration `toml:"retry_max"`
+	SweepInterval     Duration `toml:"sweep_interval"`
+	RepublishAfter    Duration `toml:"republish_after"`
+	ReconcileInterval Duration `toml:"reconcile_interval"`
+	ShutdownGrace     Duration `toml:"shutdown_grace"`
+}
+
+func defaultWorker() Worker {
+	return Worker{
+		Listen:            "127.0.0.1:8091",
+		Consumers:         2,
+		Prefetch:          400,
+		BatchSize:         100,
+		BatchWait:         D(5 * time.Millisecond),
+		RetryMin:          D(50 * time.Millisecond),
+		RetryMax:          D(5 * time.Second),
+		SweepInterval:     D(time.Second),
+		RepublishAfter:    D(30 * time.Second),
+		ReconcileInterval: D(10 * time.Second),
+		ShutdownGrace:     D(10 * time.Second),
+	}
+}
+
+func (w *Worker) validate(p *problems) {
+	checkListen(p, "worker.listen", w.Listen)
+	checkRange(p, "worker.consumers", w.Consumers, 1, 64)
+	checkRange(p, "worker.prefetch", w.Prefetch, 1, 65535)
+	checkRange(p, "worker.batch_size", w.BatchSize, 1, 5000)
+	checkPositive(p, "worker.batch_wait", w.BatchWait)
+	checkPositive(p, "worker.retry_min", w.RetryMin)
+	checkPositive(p, "worker.retry_max", w.RetryMax)
+	checkPositive(p, "worker.sweep_interval", w.SweepInterval)
+	checkPositive(p, "worker.republish_after", w.RepublishAfter)
+	checkPositive(p, "worker.reconcile_interval", w.ReconcileInterval)
+	checkPositive(p, "worker.shutdown_grace", w.ShutdownGrace)
+	if w.Prefetch < w.BatchSize {
+		p.add("worker.prefetch", "must be at least worker.batch_size (%d), got %d", w.BatchSize, w.Prefetch)
+	}
+}
