@@ -1,0 +1,176 @@
+// Package servicetest gives tests isolated handles on the real Redis, MariaDB and
+// RabbitMQ: a fresh key prefix, a fresh database, a fresh broker name prefix.
+// When a service is unreachable the test is skipped, except under CI (CI=true),
+// where a missing service fails the test.
+package servicetest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+)
+
+// Environment variables that point tests at other servers.
+const (
+	EnvRedisURL = "SECKILL_TEST_REDIS_URL"
+	EnvMySQLDSN = "SECKILL_TEST_MYSQL_DSN" // without a database name
+	EnvAMQPURL  = "SECKILL_TEST_AMQP_URL"
+)
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// RedisURL is the Redis tests use.
+func RedisURL() string { return envOr(EnvRedisURL, "redis://127.0.0.1:6379/0") }
+
+// MySQLServerDSN is the DSN of the MariaDB server without a database.
+func MySQLServerDSN() string { return envOr(EnvMySQLDSN, "root@tcp(127.0.0.1:3306)/") }
+
+// AMQPURL is the broker tests use.
+func AMQPURL() string { return envOr(EnvAMQPURL, "amqp://guest:guest@127.0.0.1:5672/") }
+
+// unavailable skips the test, or fails it under CI.
+func unavailable(t testing.TB, what string, err error) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s unavailable (CI requires it): %v", what, err)
+	}
+	t.Skipf("%s unavailable: %v", what, err)
+}
+
+// Name returns a short unique name for isolating one test: letters, digits, '_'.
+func Name(t testing.TB) string {
+	var b [5]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	base := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '_'
+	}, t.Name())
+	if len(base) > 24 {
+		base = base[:24]
+	}
+	return "t_" + base + "_" + hex.EncodeToString(b[:])
+}
+
+// Redis returns a client and a key prefix unique to this test; every key under
+// the prefix is deleted when the test ends.
+func Redis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	opt, err := redis.ParseURL(RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		_ = rdb.Close()
+		unavailable(t, "redis", err)
+	}
+	prefix := Name(t) + ":"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		_ = rdb.Close()
+	})
+	return rdb, prefix
+}
+
+// MySQLDSN creates a database unique to this test and returns a DSN naming it;
+// the database is dropped when the test ends.
+func MySQLDSN(t testing.TB) string {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(MySQLServerDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = ""
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		unavailable(t, "mysql", err)
+	}
+	name := Name(t)
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
+		_ = db.Close()
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = db.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+name+"`")
+		_ = db.Close()
+	})
+	cfg.DBName = name
+	return cfg.FormatDSN()
+}
+
+// AMQPPrefix returns a broker name prefix unique to this test and deletes the
+// queues and exchanges named by the returned prefix when the test ends.
+// queues and exchanges list the suffixes the test declares (e.g. ".orders").
+func AMQPPrefix(t testing.TB, queues, exchanges []string) string {
+	t.Helper()
+	conn, err := amqp.Dial(AMQPURL())
+	if err != nil {
+		unavailable(t, "rabbitmq", err)
+	}
+	_ = conn.Close()
+	prefix := Name(t)
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(AMQPURL())
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		defer ch.Close()
+		for _, q := range queues {
+			_, _ = ch.QueueDelete(prefix+q, false, false, false)
+		}
+		for _, x := range exchanges {
+			_ = ch.ExchangeDelete(prefix+x, false, false)
+		}
+	})
+	return prefix
+}
+
+// Must fails the test on a non-nil error.
+func Must(t testing.TB, err error, what string, args ...any) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", fmt.Sprintf(what, args...), err)
+	}
+}
