@@ -1,0 +1,136 @@
+// Package ordermsg is the contract between the backend, which publishes an order
+// after reserving it, and the workers, which write it to MySQL: the message body
+// and the order id format.
+package ordermsg
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ContentType of a published order.
+const ContentType = "application/json"
+
+// Version of the message body; a worker dead-letters versions it does not know.
+const Version = 1
+
+// Order is the body of one order message.
+type Order struct {
+	V              int    `json:"v"`
+	OrderID        string `json:"order_id"`
+	ActivityID     int64  `json:"activity_id"`
+	UserID         string `json:"user_id"`
+	Quantity       int64  `json:"quantity"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// ReservedAt and Deadline are unix milliseconds of Redis's clock.
+	ReservedAt int64 `json:"reserved_at"`
+	Deadline   int64 `json:"deadline"`
+}
+
+// ErrInvalid marks a message that can never be processed (dead-letter it).
+var ErrInvalid = errors.New("invalid order message")
+
+var userIDRe = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// ValidUserID reports whether id is a valid X-User-ID.
+func ValidUserID(id string) bool { return userIDRe.MatchString(id) }
+
+// ValidIdempotencyKey reports whether k is 1–128 printable ASCII characters.
+func ValidIdempotencyKey(k string) bool {
+	if len(k) < 1 || len(k) > 128 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x20 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// Encode returns the JSON body of o.
+func (o Order) Encode() ([]byte, error) {
+	o.V = Version
+	return json.Marshal(o)
+}
+
+// Decode parses and validates a message body.
+func Decode(body []byte) (Order, error) {
+	var o Order
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&o); err != nil {
+		return Order{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := o.Validate(); err != nil {
+		return Order{}, err
+	}
+	return o, nil
+}
+
+// Validate checks every field.
+func (o Order) Validate() error {
+	switch {
+	case o.V != Version:
+		return fmt.Errorf("%w: version %d, want %d", ErrInvalid, o.V, Version)
+	case o.ActivityID <= 0:
+		return fmt.Errorf("%w: activity_id %d", ErrInvalid, o.ActivityID)
+	case !ValidUserID(o.UserID):
+		return fmt.Errorf("%w: user_id %q", ErrInvalid, o.UserID)
+	case o.Quantity < 1 || o.Quantity > 1_000_000:
+		return fmt.Errorf("%w: quantity %d", ErrInvalid, o.Quantity)
+	case o.IdempotencyKey != "" && !ValidIdempotencyKey(o.IdempotencyKey):
+		return fmt.Errorf("%w: idempotency_key", ErrInvalid)
+	}
+	id, err := ActivityOf(o.OrderID)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if id != o.ActivityID {
+		return fmt.Errorf("%w: order %s does not belong to activity %d", ErrInvalid, o.OrderID, o.ActivityID)
+	}
+	return nil
+}
+
+var b32 = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
+
+// NewOrderID returns a fresh order id of activity id: "<id>-<26 random chars>".
+// The activity id inside lets a lookup find the sale's keys without an index.
+func NewOrderID(activityID int64) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand never fails on Linux
+	buf := make([]byte, 0, 48)
+	buf = strconv.AppendInt(buf, activityID, 10)
+	buf = append(buf, '-')
+	buf = append(buf, b32.EncodeToString(b[:])...)
+	return string(buf)
+}
+
+// ActivityOf returns the activity id of an order id, or an error if id is not
+// an order id.
+func ActivityOf(orderID string) (int64, error) {
+	i := strings.IndexByte(orderID, '-')
+	if i <= 0 || len(orderID) > 64 || len(orderID)-i-1 != 26 {
+		return 0, fmt.Errorf("not an order id: %q", orderID)
+	}
+	id, err := strconv.ParseInt(orderID[:i], 10, 64)
+	if err != nil || id <= 0 || orderID[0] == '0' || orderID[0] == '+' {
+		return 0, fmt.Errorf("not an order id: %q", orderID)
+	}
+	for _, c := range orderID[i+1:] {
+		if !strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", c) {
+			return 0, fmt.Errorf("not an order id: %q", orderID)
+		}
+	}
+	return id, nil
+}
+
+// Time converts a message timestamp.
+func Time(ms int64) time.Time { return time.UnixMilli(ms).UTC() }

@@ -1,0 +1,437 @@
+// Package reservation is the Redis side of a sale: the key layout and typed
+// wrappers of the purchase-path scripts in package lua. Redis accelerates and
+// MySQL decides: every wrapper here only moves Redis in ways that can lag MySQL,
+// never lead it.
+package reservation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/lua"
+)
+
+// State of an order's reservation record in Redis.
+type State byte
+
+// Reservation states (see lua/reserve.lua).
+const (
+	Pending   State = 'P' // reserved, not yet taken by a worker
+	Claimed   State = 'C' // a worker is writing it to MySQL
+	Confirmed State = 'K'
+	Failed    State = 'F'
+	Unknown   State = '?' // no record: Redis lost it
+)
+
+// Public reports the contract's status word for a state.
+func (s State) Public() string {
+	switch s {
+	case Confirmed:
+		return "confirmed"
+	case Failed:
+		return "failed"
+	default:
+		return "pending"
+	}
+}
+
+func (s State) String() string { return string(s) }
+
+// Keys names the Redis keys of one activity. All share the {act:ID} hash tag.
+type Keys struct {
+	Meta, Users, Idem, Orders, Deadlines string
+}
+
+// KeysFor returns the keys of activity id under prefix.
+func KeysFor(prefix string, id int64) Keys {
+	base := prefix + "{act:" + strconv.FormatInt(id, 10) + "}:"
+	return Keys{
+		Meta:      base + "meta",
+		Users:     base + "users",
+		Idem:      base + "idem",
+		Orders:    base + "orders",
+		Deadlines: base + "deadlines",
+	}
+}
+
+// Channel is the pub/sub channel on which an activity id is published whenever
+// units become sellable again (a failed order, more stock, a rebuilt sale).
+func Channel(prefix string) string { return prefix + "seckill:stock-events" }
+
+// ActiveSet is the set of activity ids that have been warmed into Redis; the
+// sweeper and reconciler walk it. It has no hash tag: it is read, never used in
+// a script with sale keys.
+func ActiveSet(prefix string) string { return prefix + "seckill:activities" }
+
+// Client is what the store needs of go-redis.
+type Client interface {
+	redis.Scripter
+	HMGet(ctx context.Context, key string, fields ...string) *redis.SliceCmd
+	HGet(ctx context.Context, key, field string) *redis.StringCmd
+	HGetAll(ctx context.Context, key string) *redis.MapStringStringCmd
+	SAdd(ctx context.Context, key string, members ...any) *redis.IntCmd
+	SMembers(ctx context.Context, key string) *redis.StringSliceCmd
+	ZRangeByScore(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.StringSliceCmd
+	ZCard(ctx context.Context, key string) *redis.IntCmd
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+}
+
+// Store runs the purchase-path scripts against one Redis under one key prefix.
+type Store struct {
+	rdb    Client
+	prefix string
+}
+
+// New returns a store; prefix isolates stacks that share a Redis.
+func New(rdb Client, prefix string) *Store { return &Store{rdb: rdb, prefix: prefix} }
+
+// Prefix is the key prefix of the store.
+func (s *Store) Prefix() string { return s.prefix }
+
+// Keys returns the keys of activity id.
+func (s *Store) Keys(id int64) Keys { return KeysFor(s.prefix, id) }
+
+// Outcome of a reservation attempt.
+type Outcome string
+
+// Reservation outcomes (see lua/reserve.lua).
+const (
+	Reserved      Outcome = "ok"
+	Replay        Outcome = "replay"
+	NotFound      Outcome = "not_found"
+	BadQuantity   Outcome = "bad_quantity"
+	NotStarted    Outcome = "not_started"
+	Ended         Outcome = "ended"
+	LimitExceeded Outcome = "limit_exceeded"
+	SoldOut       Outcome = "sold_out"
+	Insufficient  Outcome = "insufficient"
+	IDConflict    Outcome = "conflict"
+)
+
+// Request is one purchase attempt.
+type Request struct {
+	ActivityID     int64
+	UserID         string
+	IdempotencyKey string // "" for none
+	Quantity       int64
+	OrderID        string // used when a new reservation is made
+	TTL            time.Duration
+}
+
+// Result of Reserve. Fields beyond Outcome are set where the outcome has them.
+type Result struct {
+	Outcome   Outcome
+	OrderID   string    // Reserved, Replay
+	State     State     // Replay: the order's state now
+	Quantity  int64     // Replay: the original quantity
+	Deadline  time.Time // Reserved
+	Limit     int64     // BadQuantity, LimitExceeded
+	Held      int64     // LimitExceeded
+	Available int64     // Insufficient
+}
+
+// ErrScript reports a script answer that does not fit its documented shape.
+var ErrScript = errors.New("unexpected script reply")
+
+// Reserve checks and reserves in one round trip.
+func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
+	k := s.Keys(r.ActivityID)
+	v, err := lua.Reserve.Run(ctx, s.rdb,
+		[]string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines},
+		r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds()).Slice()
+	if err != nil {
+		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+	}
+	if len(v) == 0 {
+		return Result{}, fmt.Errorf("reserve activity %d: %w: empty", r.ActivityID, ErrScript)
+	}
+	res := Result{Outcome: Outcome(str(v[0]))}
+	switch res.Outcome {
+	case Reserved:
+		res.OrderID = str(at(v, 1))
+		res.Deadline = time.UnixMilli(num(at(v, 2)))
+	case Replay:
+		res.OrderID = str(at(v, 1))
+		if st := str(at(v, 2)); st != "" {
+			res.State = State(st[0])
+		}
+		res.Quantity = num(at(v, 3))
+	case BadQuantity:
+		res.Limit = num(at(v, 1))
+	case LimitExceeded:
+		res.Held, res.Limit = num(at(v, 1)), num(at(v, 2))
+	case Insufficient:
+		res.Available = num(at(v, 1))
+	case NotFound, NotStarted, Ended, SoldOut, IDConflict:
+	default:
+		return Result{}, fmt.Errorf("reserve activity %d: %w: %v", r.ActivityID, ErrScript, v)
+	}
+	return res, nil
+}
+
+// ReleaseOutcome tells what Release did.
+type ReleaseOutcome string
+
+// Release outcomes (see lua/release.lua).
+const (
+	Released          ReleaseOutcome = "released"
+	AlreadyClaimed    ReleaseOutcome = "claimed"
+	AlreadyConfirmed  ReleaseOutcome = "confirmed"
+	AlreadyFailed     ReleaseOutcome = "failed"
+	ReservationAbsent ReleaseOutcome = "missing"
+)
+
+// Release gives a still-pending reservation back and marks it failed with reason.
+func (s *Store) Release(ctx context.Context, activityID int64, orderID, reason string) (ReleaseOutcome, error) {
+	k := s.Keys(activityID)
+	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines},
+		orderID, reason, Channel(s.prefix), activityID).Slice()
+	if err != nil {
+		return "", fmt.Errorf("release %s: %w", orderID, err)
+	}
+	return ReleaseOutcome(str(at(v, 0))), nil
+}
+
+// Claim takes orders over for a MySQL write; it returns one state per order id.
+func (s *Store) Claim(ctx context.Context, activityID int64, orderIDs []string) ([]State, error) {
+	if len(orderIDs) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(orderIDs))
+	for i, id := range orderIDs {
+		args[i] = id
+	}
+	v, err := lua.Claim.Run(ctx, s.rdb, []string{s.Keys(activityID).Orders}, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("claim %d orders of activity %d: %w", len(orderIDs), activityID, err)
+	}
+	if len(v) != len(orderIDs) {
+		return nil, fmt.Errorf("claim: %w: %d states for %d orders", ErrScript, len(v), len(orderIDs))
+	}
+	out := make([]State, len(v))
+	for i, st := range v {
+		out[i] = Unknown
+		if st != "" {
+			out[i] = State(st[0])
+		}
+	}
+	return out, nil
+}
+
+// Settlement is the MySQL outcome of one order.
+type Settlement struct {
+	OrderID   string
+	Confirmed bool
+	Reason    string // when not confirmed
+	Quantity  int64
+	UserID    string
+}
+
+// Settle applies MySQL outcomes to Redis; it is idempotent.
+func (s *Store) Settle(ctx context.Context, activityID int64, orders []Settlement) (int64, error) {
+	if len(orders) == 0 {
+		return 0, nil
+	}
+	k := s.Keys(activityID)
+	args := make([]any, 0, 2+5*len(orders))
+	args = append(args, Channel(s.prefix), activityID)
+	for _, o := range orders {
+		outcome := "F"
+		if o.Confirmed {
+			outcome = "K"
+		}
+		args = append(args, o.OrderID, outcome, o.Reason, o.Quantity, o.UserID)
+	}
+	n, err := lua.Settle.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines}, args...).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("settle %d orders of activity %d: %w", len(orders), activityID, err)
+	}
+	return n, nil
+}
+
+// Sale is the Redis view of one activity.
+type Sale struct {
+	Total, Sold, Pending, Limit int64
+	Start, End                  time.Time
+}
+
+// Available is what Redis would still sell.
+func (s Sale) Available() int64 {
+	if a := s.Total - s.Sold - s.Pending; a > 0 {
+		return a
+	}
+	return 0
+}
+
+// WarmArgs are MySQL's facts about a sale.
+type WarmArgs struct {
+	Total, Limit int64
+	Start, End   time.Time
+	Sold         int64
+	// Users are MySQL's per-user totals; nil when not loaded.
+	Users map[string]int64
+}
+
+// WarmOutcome tells what Warm did.
+type WarmOutcome string
+
+// Warm outcomes (see lua/warm.lua).
+const (
+	WarmUpdated   WarmOutcome = "updated"
+	WarmCreated   WarmOutcome = "created"
+	WarmNeedUsers WarmOutcome = "need_users"
+	WarmConflict  WarmOutcome = "conflict"
+)
+
+// Warm creates or updates a sale in Redis. On WarmConflict the returned Sale
+// carries Redis's sold and pending.
+func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOutcome, Sale, error) {
+	k := s.Keys(activityID)
+	withUsers := "0"
+	args := []any{a.Total, a.Limit, a.Start.UnixMilli(), a.End.UnixMilli(), a.Sold, withUsers,
+		Channel(s.prefix), activityID}
+	if a.Users != nil {
+		args[5] = "1"
+		for u, n := range a.Users {
+			if n > 0 {
+				args = append(args, u, n)
+			}
+		}
+	}
+	v, err := lua.Warm.Run(ctx, s.rdb, []string{k.Meta, k.Users}, args...).Slice()
+	if err != nil {
+		return "", Sale{}, fmt.Errorf("warm activity %d: %w", activityID, err)
+	}
+	out := WarmOutcome(str(at(v, 0)))
+	switch out {
+	case WarmUpdated, WarmCreated, WarmNeedUsers:
+	case WarmConflict:
+		return out, Sale{Sold: num(at(v, 1)), Pending: num(at(v, 2))}, nil
+	default:
+		return "", Sale{}, fmt.Errorf("warm activity %d: %w: %v", activityID, ErrScript, v)
+	}
+	if err := s.rdb.SAdd(ctx, ActiveSet(s.prefix), activityID).Err(); err != nil {
+		return "", Sale{}, fmt.Errorf("warm activity %d: register: %w", activityID, err)
+	}
+	return out, Sale{}, nil
+}
+
+// Sale reads the Redis view of an activity; found is false when its keys are gone.
+func (s *Store) Sale(ctx context.Context, activityID int64) (sale Sale, found bool, err error) {
+	v, err := s.rdb.HMGet(ctx, s.Keys(activityID).Meta, "total", "sold", "pending", "limit", "start", "end").Result()
+	if err != nil {
+		return Sale{}, false, fmt.Errorf("read activity %d: %w", activityID, err)
+	}
+	if v[0] == nil {
+		return Sale{}, false, nil
+	}
+	return Sale{
+		Total: num(v[0]), Sold: num(v[1]), Pending: num(v[2]), Limit: num(v[3]),
+		Start: time.UnixMilli(num(v[4])).UTC(), End: time.UnixMilli(num(v[5])).UTC(),
+	}, true, nil
+}
+
+// Record is an order's reservation record.
+type Record struct {
+	OrderID  string
+	State    State
+	Quantity int64
+	UserID   string
+	Deadline time.Time
+	Reason   string
+}
+
+// ParseRecord decodes "state|qty|user|deadline_ms|reason".
+func ParseRecord(orderID, raw string) (Record, error) {
+	parts := strings.SplitN(raw, "|", 5)
+	if len(parts) != 5 || len(parts[0]) != 1 {
+		return Record{}, fmt.Errorf("order %s: %w: record %q", orderID, ErrScript, raw)
+	}
+	q, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return Record{}, fmt.Errorf("order %s: bad quantity in %q", orderID, raw)
+	}
+	rec := Record{OrderID: orderID, State: State(parts[0][0]), Quantity: q, UserID: parts[2], Reason: parts[4]}
+	if parts[3] != "" {
+		ms, err := strconv.ParseInt(parts[3], 10, 64)
+		if err != nil {
+			return Record{}, fmt.Errorf("order %s: bad deadline in %q", orderID, raw)
+		}
+		rec.Deadline = time.UnixMilli(ms).UTC()
+	}
+	return rec, nil
+}
+
+// Order reads one order's record; found is false when Redis has none.
+func (s *Store) Order(ctx context.Context, activityID int64, orderID string) (Record, bool, error) {
+	raw, err := s.rdb.HGet(ctx, s.Keys(activityID).Orders, orderID).Result()
+	if errors.Is(err, redis.Nil) {
+		return Record{}, false, nil
+	}
+	if err != nil {
+		return Record{}, false, fmt.Errorf("read order %s: %w", orderID, err)
+	}
+	rec, err := ParseRecord(orderID, raw)
+	return rec, err == nil, err
+}
+
+// Overdue lists up to max order ids of an activity whose deadline is at or
+// before t, oldest first.
+func (s *Store) Overdue(ctx context.Context, activityID int64, t time.Time, max int64) ([]string, error) {
+	ids, err := s.rdb.ZRangeByScore(ctx, s.Keys(activityID).Deadlines, &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(t.UnixMilli(), 10), Count: max,
+	}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("overdue orders of activity %d: %w", activityID, err)
+	}
+	return ids, nil
+}
+
+// Activities lists the activity ids warmed into this Redis.
+func (s *Store) Activities(ctx context.Context) ([]int64, error) {
+	m, err := s.rdb.SMembers(ctx, ActiveSet(s.prefix)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list activities: %w", err)
+	}
+	out := make([]int64, 0, len(m))
+	for _, x := range m {
+		if id, err := strconv.ParseInt(x, 10, 64); err == nil {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+func at(v []any, i int) any {
+	if i < len(v) {
+		return v[i]
+	}
+	return nil
+}
+
+func str(x any) string {
+	switch t := x.(type) {
+	case string:
+		return t
+	case int64:
+		return strconv.FormatInt(t, 10)
+	}
+	return ""
+}
+
+func num(x any) int64 {
+	switch t := x.(type) {
+	case int64:
+		return t
+	case string:
+		n, _ := strconv.ParseInt(t, 10, 64)
+		return n
+	}
+	return 0
+}

@@ -1,0 +1,53 @@
+// Package lua holds the Redis scripts of seckill, embedded at build time, one
+// *redis.Script per .lua file. Each file opens with a header naming its KEYS,
+// ARGV and return values. Every key of one script shares a hash tag ({act:ID})
+// so the scripts run unchanged on Redis Cluster, and Redis TIME is their clock.
+package lua
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"sort"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed *.lua
+var files embed.FS
+
+// registry holds every script, so that Preload can load them all.
+var registry = map[string]*redis.Script{}
+
+func load(name string) *redis.Script {
+	src, err := files.ReadFile(name)
+	if err != nil {
+		// The file is embedded at build time; missing means the build is broken.
+		panic(fmt.Sprintf("lua: %s not embedded: %v", name, err))
+	}
+	s := redis.NewScript(string(src))
+	registry[name] = s
+	return s
+}
+
+// Names lists the embedded scripts.
+func Names() []string {
+	out := make([]string, 0, len(registry))
+	for n := range registry {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Preload loads every script into the script cache of rdb, so that the first
+// EVALSHA of each finds it. Scripts still run after a SCRIPT FLUSH: go-redis's
+// Script.Run falls back to EVAL on NOSCRIPT.
+func Preload(ctx context.Context, rdb redis.Scripter) error {
+	for _, n := range Names() {
+		if err := registry[n].Load(ctx, rdb).Err(); err != nil {
+			return fmt.Errorf("load script %s: %w", n, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,10 @@
+package lua
+
+// Scripts of the purchase path; see each file's header.
+var (
+	Reserve = load("reserve.lua")
+	Release = load("release.lua")
+	Claim   = load("claim.lua")
+	Settle  = load("settle.lua")
+	Warm    = load("warm.lua")
+)

@@ -1,0 +1,35 @@
+-- release.lua: give a pending reservation back and mark its order failed.
+-- Used by the backend when a publish failed (nack, return, timeout, lost
+-- connection) and by the sweeper. Only a reservation still in state P moves:
+-- once a worker has claimed it (C) the worker's MySQL commit decides, so an
+-- order is never both released and confirmed.
+--
+-- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
+-- ARGV[1] order id, ARGV[2] reason, ARGV[3] pub/sub channel, ARGV[4] activity id
+--
+-- Returns {"released"} | {"claimed"} | {"confirmed"} | {"failed"} | {"missing"}
+-- (the last four: nothing changed, the state the order is in).
+
+local rec = redis.call('HGET', KEYS[3], ARGV[1])
+if not rec then
+  return {'missing'}
+end
+local state, qty, user, deadline = string.match(rec, '^(%a)|(%d+)|([^|]*)|(%d*)|')
+if state == 'C' then
+  return {'claimed'}
+elseif state == 'K' then
+  return {'confirmed'}
+elseif state == 'F' then
+  return {'failed'}
+end
+qty = tonumber(qty)
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'pending', -qty)
+end
+if tonumber(redis.call('HINCRBY', KEYS[2], user, -qty)) <= 0 then
+  redis.call('HDEL', KEYS[2], user)
+end
+redis.call('HSET', KEYS[3], ARGV[1], 'F|' .. qty .. '|' .. user .. '|' .. deadline .. '|' .. ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return {'released'}

@@ -1,0 +1,78 @@
+-- reserve.lua: check and reserve units of one activity in one atomic step.
+--
+-- KEYS[1] meta       hash  total, sold, pending, limit, start, end (unix ms)
+-- KEYS[2] users      hash  user id -> units held (pending + confirmed)
+-- KEYS[3] idem       hash  "user:key" -> order id
+-- KEYS[4] orders     hash  order id -> "state|qty|user|deadline_ms|reason"
+-- KEYS[5] deadlines  zset  order id -> deadline (ms) while pending or claimed
+-- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
+-- ARGV[4] new order id, ARGV[5] reservation TTL in ms
+--
+-- Returns a table whose first element is the outcome:
+--   {"ok", order_id, deadline_ms}            reserved
+--   {"replay", order_id, state, qty}         the key was used before; nothing reserved
+--   {"not_found"}                            no sale in Redis (unknown or keys lost)
+--   {"bad_quantity", limit}                  quantity outside 1..limit
+--   {"not_started", start_ms} | {"ended", end_ms}
+--   {"limit_exceeded", held, limit}
+--   {"sold_out"}                             no unit is left to sell
+--   {"insufficient", available}              units are left, fewer than asked
+--   {"conflict"}                             order id already used
+-- State letters: P pending, C claimed by a worker, K confirmed, F failed.
+-- All keys share the {act:ID} hash tag; TIME is the only clock; nothing is
+-- written before every check has passed.
+
+local meta = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'limit', 'start', 'end')
+if not meta[1] then
+  return {'not_found'}
+end
+local user, key = ARGV[1], ARGV[2]
+if key ~= '' then
+  local prior = redis.call('HGET', KEYS[3], user .. ':' .. key)
+  if prior then
+    local rec = redis.call('HGET', KEYS[4], prior)
+    if rec then
+      local state, qty = string.match(rec, '^(%a)|(%d+)|')
+      return {'replay', prior, state, tonumber(qty)}
+    end
+    return {'replay', prior, '?', 0}
+  end
+end
+local qty = tonumber(ARGV[3])
+local total, sold, pending = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3])
+local limit, start_ms, end_ms = tonumber(meta[4]), tonumber(meta[5]), tonumber(meta[6])
+if not qty or qty < 1 or qty > limit or qty ~= math.floor(qty) then
+  return {'bad_quantity', limit}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now < start_ms then
+  return {'not_started', start_ms}
+end
+if now >= end_ms then
+  return {'ended', end_ms}
+end
+local held = tonumber(redis.call('HGET', KEYS[2], user) or '0')
+if held + qty > limit then
+  return {'limit_exceeded', held, limit}
+end
+local available = total - sold - pending
+if available <= 0 then
+  return {'sold_out'}
+end
+if available < qty then
+  return {'insufficient', available}
+end
+local oid = ARGV[4]
+if redis.call('HEXISTS', KEYS[4], oid) == 1 then
+  return {'conflict'}
+end
+local deadline = now + tonumber(ARGV[5])
+redis.call('HINCRBY', KEYS[1], 'pending', qty)
+redis.call('HINCRBY', KEYS[2], user, qty)
+if key ~= '' then
+  redis.call('HSET', KEYS[3], user .. ':' .. key, oid)
+end
+redis.call('HSET', KEYS[4], oid, 'P|' .. qty .. '|' .. user .. '|' .. deadline .. '|')
+redis.call('ZADD', KEYS[5], deadline, oid)
+return {'ok', oid, deadline}

@@ -1,0 +1,54 @@
+-- settle.lua: after the worker's MySQL commit, apply each order's outcome to
+-- Redis. Idempotent: an order already settled (K or F) changes nothing, so a
+-- redelivered batch is harmless.
+--
+-- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
+-- ARGV[1] pub/sub channel, ARGV[2] activity id, then five values per order:
+--   order id, outcome ("K" confirmed | "F" failed), reason, quantity, user id
+--
+-- Returns the number of orders whose state changed.
+-- A record that Redis lost (restart, flush) is written back in its final state;
+-- the counters then follow MySQL's outcome, and the reconciler repairs any drift
+-- in the safe direction (Redis may lag, never lead). A missing meta hash is
+-- never created here: only warm.lua builds a sale.
+
+local has_meta = redis.call('EXISTS', KEYS[1]) == 1
+local changed, gave_back = 0, false
+for i = 3, #ARGV, 5 do
+  local oid, outcome, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local qty, user = tonumber(ARGV[i + 3]), ARGV[i + 4]
+  local rec = redis.call('HGET', KEYS[3], oid)
+  local state, deadline = nil, ''
+  if rec then
+    local s, q, u, d = string.match(rec, '^(%a)|(%d+)|([^|]*)|(%d*)|')
+    state, qty, user, deadline = s, tonumber(q), u, d
+  end
+  if state == 'P' or state == 'C' then
+    if outcome == 'K' then
+      if has_meta then
+        redis.call('HINCRBY', KEYS[1], 'pending', -qty)
+        redis.call('HINCRBY', KEYS[1], 'sold', qty)
+      end
+    else
+      if has_meta then
+        redis.call('HINCRBY', KEYS[1], 'pending', -qty)
+      end
+      if tonumber(redis.call('HINCRBY', KEYS[2], user, -qty)) <= 0 then
+        redis.call('HDEL', KEYS[2], user)
+      end
+      gave_back = true
+    end
+  elseif state == nil and has_meta and outcome == 'K' then
+    redis.call('HINCRBY', KEYS[1], 'sold', qty)
+    redis.call('HINCRBY', KEYS[2], user, qty)
+  end
+  if state ~= 'K' and state ~= 'F' then
+    redis.call('HSET', KEYS[3], oid, outcome .. '|' .. qty .. '|' .. user .. '|' .. deadline .. '|' .. reason)
+    redis.call('ZREM', KEYS[4], oid)
+    changed = changed + 1
+  end
+end
+if gave_back then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+end
+return changed
