@@ -100,8 +100,9 @@ func (x *Proxy) validate(p *problems) {
 	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)
 	checkPositive(p, "proxy.shutdown_grace", x.ShutdownGrace)
 	names := map[string]bool{}
-	for i, r := range x.Rules {
-		r.validate(p, keyIndex("proxy.rules", i), names)
+	for i := range x.Rules {
+		// By index: validate also fills a rule's defaults.
+		x.Rules[i].validate(p, keyIndex("proxy.rules", i), names)
 	}
 }
 

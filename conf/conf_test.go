@@ -1,0 +1,205 @@
+package conf
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func noEnv(string) string { return "" }
+
+func TestShippedFileLoadsAndMatchesDefaults(t *testing.T) {
+	cfg, err := Load("seckill.toml", noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := Default()
+	// The file documents the defaults: every scalar it sets equals them.
+	if cfg.Redis != def.Redis || cfg.MySQL != def.MySQL || cfg.RabbitMQ != def.RabbitMQ || cfg.Worker != def.Worker {
+		t.Errorf("shipped file and defaults disagree:\nfile %+v %+v %+v %+v\ndefault %+v %+v %+v %+v",
+			cfg.Redis, cfg.MySQL, cfg.RabbitMQ, cfg.Worker, def.Redis, def.MySQL, def.RabbitMQ, def.Worker)
+	}
+	if len(cfg.Proxy.Rules) == 0 {
+		t.Error("shipped file has no proxy rules")
+	}
+}
+
+func TestEmptyFileGivesDefaults(t *testing.T) {
+	cfg, err := Parse("", noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Redis.URL != "redis://127.0.0.1:6379/0" || cfg.MySQL.DSN != "root@tcp(127.0.0.1:3306)/seckill" ||
+		cfg.RabbitMQ.URL != "amqp://guest:guest@127.0.0.1:5672/" {
+		t.Errorf("defaults do not point at the local services: %+v %+v %+v", cfg.Redis, cfg.MySQL, cfg.RabbitMQ)
+	}
+	if cfg.Backend.ReservationTTL.Duration != 30*time.Second {
+		t.Errorf("reservation_ttl default = %v", cfg.Backend.ReservationTTL)
+	}
+}
+
+func TestMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "nope.toml"), noEnv)
+	if err == nil || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("want a not-exist error, got %v", err)
+	}
+}
+
+func TestGoodFiles(t *testing.T) {
+	cases := []struct {
+		name, doc string
+		check     func(t *testing.T, c Config)
+	}{
+		{"durations", `
+[backend]
+reservation_ttl = "1m30s"
+publish_timeout = "250ms"`, func(t *testing.T, c Config) {
+			if c.Backend.ReservationTTL.Duration != 90*time.Second || c.Backend.PublishTimeout.Duration != 250*time.Millisecond {
+				t.Errorf("got %v %v", c.Backend.ReservationTTL, c.Backend.PublishTimeout)
+			}
+		}},
+		{"rules replace defaults", `
+[[proxy.rules]]
+name = "only"
+path_prefix = "/"
+global = { limit = 7, window = "2s" }`, func(t *testing.T, c Config) {
+			if len(c.Proxy.Rules) != 1 || c.Proxy.Rules[0].Global.Limit != 7 || c.Proxy.Rules[0].Global.Window.Duration != 2*time.Second {
+				t.Errorf("rules = %+v", c.Proxy.Rules)
+			}
+			if c.Proxy.Rules[0].OnRedisError != "local" {
+				t.Errorf("on_redis_error default = %q", c.Proxy.Rules[0].OnRedisError)
+			}
+		}},
+		{"partial section keeps other defaults", `
+[worker]
+batch_size = 50`, func(t *testing.T, c Config) {
+			if c.Worker.BatchSize != 50 || c.Worker.Prefetch != Default().Worker.Prefetch {
+				t.Errorf("worker = %+v", c.Worker)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse(tc.doc, noEnv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}
+
+func TestBadFiles(t *testing.T) {
+	cases := []struct {
+		name, doc string
+		want      []string // each must appear in the error
+	}{
+		{"syntax", `[redis`, []string{"config:"}},
+		{"unknown key", "[redis]\nurll = \"x\"", []string{"redis.urll: unknown key"}},
+		{"unknown section", "[nope]\na = 1", []string{"nope.a: unknown key"}},
+		{"wrong type", "[worker]\nbatch_size = \"ten\"", []string{"batch_size"}},
+		{"bad duration", "[backend]\nreservation_ttl = \"soon\"", []string{"reservation_ttl", "invalid duration"}},
+		{"negative duration", "[backend]\nredis_timeout = \"-1s\"", []string{"backend.redis_timeout: must be a positive duration"}},
+		{"zero batch", "[worker]\nbatch_size = 0", []string{"worker.batch_size: must be between 1 and 5000, got 0"}},
+		{"prefetch below batch", "[worker]\nprefetch = 10\nbatch_size = 20", []string{"worker.prefetch: must be at least worker.batch_size"}},
+		{"bad listen", "[backend]\nlisten = \"8090\"", []string{"backend.listen: must be host:port"}},
+		{"bad redis url", "[redis]\nurl = \"http://x\"", []string{"redis.url:"}},
+		{"dsn without db", "[mysql]\ndsn = \"root@tcp(127.0.0.1:3306)/\"", []string{"mysql.dsn: must name a database"}},
+		{"bad amqp scheme", "[rabbitmq]\nurl = \"http://x/\"", []string{"rabbitmq.url: scheme must be amqp"}},
+		{"short token", "[backend]\nadmin_token = \"abc\"", []string{"backend.admin_token: must be at least 8"}},
+		{"publish not below ttl", "[backend]\npublish_timeout = \"40s\"", []string{"backend.publish_timeout: must be shorter"}},
+		{"bad cidr", "[proxy]\ntrusted_proxies = [\"10.0.0.0/33\"]", []string{"proxy.trusted_proxies[0]: must be a CIDR"}},
+		{"bad upstream", "[proxy]\nupstreams = [\"ftp://x\"]", []string{"proxy.upstreams[0]"}},
+		{"rule without windows", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"", []string{"proxy.rules[0]: needs per_ip, global or both"}},
+		{"rule bad mode", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nglobal = { limit = 1, window = \"1s\" }\non_redis_error = \"maybe\"", []string{"proxy.rules[0].on_redis_error"}},
+		{"rule zero limit", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nper_ip = { limit = 0, window = \"1s\" }", []string{"proxy.rules[0].per_ip.limit"}},
+		{"duplicate rule", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nper_ip = { limit = 1, window = \"1s\" }\n[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/a\"\nper_ip = { limit = 1, window = \"1s\" }", []string{"proxy.rules[1].name: duplicate rule name"}},
+		{"several at once", "[worker]\nbatch_size = 0\n[backend]\nlisten = \"x\"", []string{"2 problems", "worker.batch_size", "backend.listen"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(tc.doc, noEnv)
+			if err == nil {
+				t.Fatal("accepted a bad file")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	env := map[string]string{
+		EnvRedisURL:         "redis://127.0.0.1:6380/2",
+		EnvMySQLDSN:         "root@tcp(127.0.0.1:3307)/other",
+		EnvAMQPURL:          "amqp://u:p@127.0.0.1:5673/vh",
+		EnvAdminToken:       "a-long-enough-token",
+		EnvProxyListen:      "127.0.0.1:9080",
+		EnvProxyAdminListen: "127.0.0.1:9081",
+		EnvProxyUpstreams:   "http://127.0.0.1:1, http://127.0.0.1:2",
+		EnvBackendListen:    "127.0.0.1:9090",
+		EnvWorkerListen:     "127.0.0.1:9091",
+		EnvRedisKeyPrefix:   "iso:",
+		EnvAMQPQueuePrefix:  "iso",
+	}
+	c, err := Parse("", func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []string{c.Redis.URL, c.MySQL.DSN, c.RabbitMQ.URL, c.Backend.AdminToken, c.Proxy.Listen,
+		c.Proxy.AdminListen, strings.Join(c.Proxy.Upstreams, ","), c.Backend.Listen, c.Worker.Listen,
+		c.Redis.KeyPrefix, c.RabbitMQ.Prefix}
+	want := []string{env[EnvRedisURL], env[EnvMySQLDSN], env[EnvAMQPURL], env[EnvAdminToken], env[EnvProxyListen],
+		env[EnvProxyAdminListen], "http://127.0.0.1:1,http://127.0.0.1:2", env[EnvBackendListen], env[EnvWorkerListen],
+		"iso:", "iso"}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("override %d: got %q want %q", i, got[i], want[i])
+		}
+	}
+	// An override is validated like the file.
+	_, err = Parse("", func(k string) string {
+		if k == EnvBackendListen {
+			return "nonsense"
+		}
+		return ""
+	})
+	if err == nil || !strings.Contains(err.Error(), "backend.listen") {
+		t.Errorf("bad override accepted or not named: %v", err)
+	}
+}
+
+func TestRedisOptions(t *testing.T) {
+	c := Default()
+	c.Redis.URL = "redis://127.0.0.1:6390/3"
+	o := c.Redis.Options()
+	if o.Addr != "127.0.0.1:6390" || o.DB != 3 || !o.ContextTimeoutEnabled {
+		t.Errorf("options = %+v", o)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	data, err := os.ReadFile("seckill.toml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(string(data))
+	f.Add("[redis]\nurl = 1")
+	f.Add("[[proxy.rules]]\nname=\"a\"\npath_prefix=\"/\"\nper_ip={limit=1,window=\"1s\"}")
+	f.Fuzz(func(t *testing.T, doc string) {
+		c, err := Parse(doc, noEnv)
+		if err != nil {
+			return
+		}
+		// Whatever Parse accepts must pass validation again.
+		if err := c.Validate(); err != nil {
+			t.Fatalf("accepted config fails Validate: %v", err)
+		}
+	})
+}
