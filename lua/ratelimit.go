@@ -1,0 +1,4 @@
+package lua
+
+// RateLimit checks and takes slots of the proxy's sliding windows; see ratelimit.lua.
+var RateLimit = load("ratelimit.lua")

@@ -1,0 +1,47 @@
+// Command benchserver is the other half of `make bench-proxy`: a trivial
+// upstream (-mode upstream) and a bare fasthttp pass-through without limits
+// (-mode passthrough), the baselines the proxy is measured against.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+func main() {
+	mode := flag.String("mode", "upstream", "upstream or passthrough")
+	listen := flag.String("listen", "127.0.0.1:0", "listen address")
+	target := flag.String("target", "", "passthrough: upstream host:port")
+	flag.Parse()
+	if err := run(*mode, *listen, *target); err != nil {
+		fmt.Fprintln(os.Stderr, "benchserver:", err)
+		os.Exit(1)
+	}
+}
+
+func run(mode, listen, target string) error {
+	var h fasthttp.RequestHandler
+	switch mode {
+	case "upstream":
+		body := []byte(`{"ok":true}`)
+		h = func(ctx *fasthttp.RequestCtx) {
+			ctx.SetContentType("application/json")
+			ctx.SetBody(body)
+		}
+	case "passthrough":
+		hc := &fasthttp.HostClient{Addr: target, MaxConns: 4096, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+		h = func(ctx *fasthttp.RequestCtx) {
+			if err := hc.Do(&ctx.Request, &ctx.Response); err != nil {
+				ctx.Error("bad gateway", fasthttp.StatusBadGateway)
+			}
+		}
+	default:
+		return fmt.Errorf("unknown mode %q", mode)
+	}
+	s := &fasthttp.Server{Handler: h, NoDefaultDate: true, NoDefaultServerHeader: true}
+	return s.ListenAndServe(listen)
+}

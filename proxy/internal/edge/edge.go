@@ -1,0 +1,278 @@
+// Package edge is the proxy's request path: sold-out short cut, client
+// identity, rate limits, then forwarding; plus the proxy's own error answers
+// (problem+json) and its admin endpoints.
+package edge
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/seckill/seckill/proxy/internal/forward"
+	"github.com/seckill/seckill/proxy/internal/identity"
+	"github.com/seckill/seckill/proxy/internal/limiter"
+	"github.com/seckill/seckill/proxy/internal/metrics"
+	"github.com/seckill/seckill/proxy/internal/soldout"
+)
+
+// Handler serves the forwarding listener.
+type Handler struct {
+	rules    atomic.Pointer[limiter.Rules]
+	Limiter  *limiter.Limiter
+	Identity *identity.Resolver
+	Pool     *forward.Pool
+	SoldOut  *soldout.Cache // nil: disabled
+	Registry *metrics.Registry
+	pool     sync.Pool
+}
+
+// SetRules swaps the rule set atomically (SIGHUP).
+func (h *Handler) SetRules(rs *limiter.Rules) {
+	h.rules.Store(rs)
+	h.Limiter.SetRules(rs)
+}
+
+// Rules is the rule set in force.
+func (h *Handler) Rules() *limiter.Rules { return h.rules.Load() }
+
+type scratch struct {
+	d   limiter.Decision
+	key []byte
+	buf []byte
+}
+
+var (
+	ctJSON    = []byte("application/json")
+	ctProblem = []byte("application/problem+json")
+)
+
+// Serve is the fasthttp handler of the forwarding listener.
+func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
+	sent := time.Now()
+	method, path := ctx.Method(), ctx.Path()
+
+	soldID, purchase := []byte(nil), false
+	if h.SoldOut != nil {
+		if soldID, purchase = soldout.PurchaseID(method, path); purchase {
+			if body, ctype, ok := h.SoldOut.Lookup(soldID, sent); ok {
+				ctx.SetStatusCode(fasthttp.StatusConflict)
+				ctx.SetContentTypeBytes(ctype)
+				ctx.SetBody(body)
+				return
+			}
+		}
+	}
+
+	s, _ := h.pool.Get().(*scratch)
+	if s == nil {
+		s = &scratch{}
+	}
+	defer h.pool.Put(s)
+	s.d.Reset()
+	s.key = h.clientKey(ctx, s.key[:0])
+	h.Limiter.Check(h.rules.Load(), method, path, s.key, &s.d)
+	switch s.d.Outcome {
+	case limiter.Limited:
+		h.limited(ctx, &s.d, s)
+		return
+	case limiter.Unavailable:
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
+		problem(ctx, fasthttp.StatusServiceUnavailable, "limiter-unavailable", "Rate limiter unavailable",
+			"the rate limiter cannot reach its store and this rule fails closed")
+		return
+	}
+
+	h.Pool.PrepareRequest(ctx)
+	if err := h.Pool.Do(ctx); err != nil {
+		if errors.Is(err, forward.ErrTimeout) {
+			problem(ctx, fasthttp.StatusGatewayTimeout, "upstream-timeout", "Upstream timeout", "the upstream did not answer in time")
+		} else {
+			problem(ctx, fasthttp.StatusBadGateway, "upstream-unavailable", "Upstream unavailable", "no upstream could be reached")
+		}
+		return
+	}
+	if len(s.d.Policies) > 0 {
+		s.buf = setRateLimitHeaders(&ctx.Response.Header, s.d.Policies, s.buf[:0])
+	}
+	if purchase && ctx.Response.StatusCode() == fasthttp.StatusConflict {
+		resp := &ctx.Response
+		if ct := resp.Header.ContentType(); resp.Header.ContentLength() >= 0 && resp.Header.ContentLength() <= 4096 {
+			if body := resp.Body(); soldout.IsSoldOut(409, ct, body) {
+				h.SoldOut.Learn(soldID, sent, ct, body)
+			}
+		}
+	}
+}
+
+// clientKey appends the limiter key of the request's client.
+func (h *Handler) clientKey(ctx *fasthttp.RequestCtx, dst []byte) []byte {
+	var peer netip.Addr
+	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		peer, _ = netip.AddrFromSlice(ta.IP)
+	}
+	if !peer.IsValid() {
+		peer = netip.IPv4Unspecified()
+	}
+	hd := identity.Headers{}
+	if h.Identity.Trusted(peer) {
+		hd.XForwardedFor = ctx.Request.Header.PeekAll("X-Forwarded-For")
+		hd.Forwarded = ctx.Request.Header.PeekAll("Forwarded")
+	}
+	return h.Identity.AppendKey(dst, h.Identity.Client(peer, hd))
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	s := int64((d + time.Second - 1) / time.Second)
+	return max(s, 1)
+}
+
+// setRateLimitHeaders writes the draft-ietf-httpapi-ratelimit-headers fields.
+func setRateLimitHeaders(rh *fasthttp.ResponseHeader, ps []limiter.Policy, buf []byte) []byte {
+	buf = buf[:0]
+	for i, p := range ps {
+		if i > 0 {
+			buf = append(buf, ", "...)
+		}
+		buf = append(buf, '"')
+		buf = append(buf, p.Name...)
+		buf = append(buf, `";q=`...)
+		buf = strconv.AppendInt(buf, int64(p.Quota), 10)
+		buf = append(buf, ";w="...)
+		buf = strconv.AppendInt(buf, ceilSeconds(p.Window), 10)
+	}
+	rh.SetBytesV("RateLimit-Policy", buf)
+	buf = buf[:0]
+	for i, p := range ps {
+		if i > 0 {
+			buf = append(buf, ", "...)
+		}
+		buf = append(buf, '"')
+		buf = append(buf, p.Name...)
+		buf = append(buf, `";r=`...)
+		buf = strconv.AppendInt(buf, int64(p.Remaining), 10)
+		buf = append(buf, ";t="...)
+		buf = strconv.AppendInt(buf, ceilSeconds(p.Reset), 10)
+	}
+	rh.SetBytesV("RateLimit", buf)
+	return buf
+}
+
+// QuotaExceededType is the problem type of a 429 (IANA HTTP problem types,
+// from draft-ietf-httpapi-ratelimit-headers).
+const QuotaExceededType = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+func (h *Handler) limited(ctx *fasthttp.RequestCtx, d *limiter.Decision, s *scratch) {
+	rh := &ctx.Response.Header
+	ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
+	rh.SetContentTypeBytes(ctProblem)
+	secs := ceilSeconds(d.RetryAfter)
+	rh.Set(fasthttp.HeaderRetryAfter, strconv.FormatInt(secs, 10))
+	s.buf = setRateLimitHeaders(rh, d.Policies, s.buf)
+	b := s.buf[:0]
+	b = append(b, `{"type":"`+QuotaExceededType+`","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"retry in `...)
+	b = strconv.AppendInt(b, secs, 10)
+	b = append(b, ` s","violated-policies":[`...)
+	for i, p := range d.Violated {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, p)
+	}
+	b = append(b, `],"rules":[`...)
+	for i, r := range d.Rules {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, r)
+	}
+	b = append(b, "]}"...)
+	ctx.SetBody(b)
+	s.buf = b
+}
+
+// problem writes an application/problem+json answer made by the proxy.
+func problem(ctx *fasthttp.RequestCtx, status int, typ, title, detail string) {
+	ctx.Response.ResetBody()
+	ctx.SetStatusCode(status)
+	ctx.Response.Header.SetContentTypeBytes(ctProblem)
+	b := make([]byte, 0, 160)
+	b = append(b, `{"type":"urn:seckill:proxy:`...)
+	b = append(b, typ...)
+	b = append(b, `","code":"`...)
+	b = append(b, typ...)
+	b = append(b, `","title":`...)
+	b = strconv.AppendQuote(b, title)
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, `,"detail":`...)
+	b = strconv.AppendQuote(b, detail)
+	b = append(b, '}')
+	ctx.SetBody(b)
+}
+
+// ServerError answers errors fasthttp raises before the handler runs:
+// oversized headers 431, oversized bodies 413, read timeouts 408, else 400.
+func ServerError(ctx *fasthttp.RequestCtx, err error) {
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.As(err, &small):
+		problem(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "header-too-large", "Request header too large", "the request header exceeds the proxy's limit")
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		problem(ctx, fasthttp.StatusRequestEntityTooLarge, "body-too-large", "Request body too large", "the request body exceeds the proxy's limit")
+	case isTimeout(err):
+		problem(ctx, fasthttp.StatusRequestTimeout, "request-timeout", "Request timeout", "the request was not received in time")
+	default:
+		problem(ctx, fasthttp.StatusBadRequest, "bad-request", "Bad request", "the request could not be parsed")
+	}
+	ctx.SetConnectionClose()
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Admin serves /healthz, /readyz and /metrics on the admin listener.
+func (h *Handler) Admin(ctx *fasthttp.RequestCtx) {
+	switch string(ctx.Path()) {
+	case "/healthz":
+		ctx.SetContentTypeBytes(ctJSON)
+		ctx.SetBodyString(`{"status":"ok"}`)
+	case "/readyz":
+		ctx.SetContentTypeBytes(ctJSON)
+		degraded := strconv.FormatBool(h.Limiter.Degraded())
+		if !h.Pool.AnyHealthy() {
+			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+			ctx.SetBodyString(`{"status":"no healthy upstream","degraded":` + degraded + `}`)
+			return
+		}
+		ctx.SetBodyString(`{"status":"ready","degraded":` + degraded + `,"live_instances":` + strconv.Itoa(h.Limiter.Live()) + `}`)
+	case "/metrics":
+		ctx.SetContentType("text/plain; version=0.0.4")
+		_, _ = h.Registry.WriteTo(ctx)
+	default:
+		problem(ctx, fasthttp.StatusNotFound, "not-found", "Not found", "admin endpoints: /healthz, /readyz, /metrics")
+	}
+}
+
+// RegisterGauges exports the limiter's lease and degraded state.
+func RegisterGauges(r *metrics.Registry, l *limiter.Limiter) {
+	r.NewGaugeFunc("seckill_proxy_lease_outstanding_slots", "Leased slots held locally, not yet spent: the bound of over-admission.", nil,
+		func(emit func(float64, ...string)) { emit(float64(l.Outstanding())) })
+	r.NewGaugeFunc("seckill_proxy_degraded", "1 while the Redis circuit breaker is open and rules use on_redis_error.", nil,
+		func(emit func(float64, ...string)) {
+			v := 0.0
+			if l.Degraded() {
+				v = 1
+			}
+			emit(v)
+		})
+	r.NewGaugeFunc("seckill_proxy_live_instances", "Live proxy instances as last seen in Redis.", nil,
+		func(emit func(float64, ...string)) { emit(float64(l.Live())) })
+}

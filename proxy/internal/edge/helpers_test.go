@@ -1,0 +1,153 @@
+package edge
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+type upstream struct {
+	addr  string
+	hits  atomic.Int64
+	delay atomic.Int64 // ns
+	last  atomic.Pointer[string]
+}
+
+// startUpstream serves on a random port; /big streams 8 MiB; purchase of
+// activity 7 answers sold_out; everything else 200 with the request headers
+// recorded.
+func startUpstream(t *testing.T) *upstream {
+	t.Helper()
+	u := &upstream{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	servicetest.Must(t, err, "listen")
+	u.addr = ln.Addr().String()
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		u.hits.Add(1)
+		if d := u.delay.Load(); d > 0 {
+			time.Sleep(time.Duration(d))
+		}
+		h := ctx.Request.Header.String()
+		u.last.Store(&h)
+		switch string(ctx.Path()) {
+		case "/big":
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+				chunk := []byte(strings.Repeat("x", 64<<10))
+				for i := 0; i < 128; i++ {
+					_, _ = w.Write(chunk)
+					_ = w.Flush()
+				}
+			})
+			return
+		case "/api/v1/activities/7/purchase":
+			ctx.SetStatusCode(409)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"code":"sold_out","message":"activity 7 is sold out"}`)
+			return
+		}
+		ctx.Response.Header.Set("Keep-Alive", "timeout=5")
+		ctx.Response.Header.Set("Proxy-Foo", "x")
+		ctx.SetBodyString("ok")
+	}}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return u
+}
+
+type proxyUnderTest struct {
+	addr string
+	p    *Proxy
+	rdb  *redis.Client
+}
+
+// startProxy runs one proxy instance on random ports.
+func startProxy(t *testing.T, cfg conf.Config) *proxyUnderTest {
+	t.Helper()
+	servicetest.Must(t, cfg.Validate(), "config")
+	rdb := redis.NewClient(cfg.Redis.Options())
+	t.Cleanup(func() { _ = rdb.Close() })
+	log := slog.New(slog.DiscardHandler)
+	p, err := New(cfg, rdb, log)
+	servicetest.Must(t, err, "new proxy")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	servicetest.Must(t, err, "listen")
+	srv := p.Server(log)
+	go func() { _ = srv.Serve(ln) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Handler.Limiter.Run(ctx); close(done) }()
+	ready := make(chan struct{})
+	go p.Handler.SoldOut.Subscribe(ctx, rdb, cfg.Redis.KeyPrefix, log, ready)
+	<-ready
+	t.Cleanup(func() { cancel(); <-done; _ = srv.Shutdown() })
+	return &proxyUnderTest{addr: ln.Addr().String(), p: p, rdb: rdb}
+}
+
+// baseConfig points at the test Redis with the test's key prefix and at up.
+func baseConfig(t *testing.T, up string) conf.Config {
+	t.Helper()
+	_, prefix := servicetest.Redis(t)
+	cfg := conf.Default()
+	cfg.Redis.URL = servicetest.RedisURL()
+	cfg.Redis.KeyPrefix = prefix
+	cfg.Proxy.Upstreams = []string{"http://" + up}
+	cfg.Proxy.Listen, cfg.Proxy.AdminListen = "127.0.0.1:0", "127.0.0.1:1"
+	cfg.Proxy.RedisTimeout = conf.D(50 * time.Millisecond)
+	cfg.Proxy.Rules = nil
+	return cfg
+}
+
+func rule(name string, perIP, global int, window time.Duration) conf.Rule {
+	r := conf.Rule{Name: name, PathPrefix: "/", OnRedisError: "local"}
+	if perIP > 0 {
+		r.PerIP = &conf.Window{Limit: perIP, Window: conf.D(window)}
+	}
+	if global > 0 {
+		r.Global = &conf.Window{Limit: global, Window: conf.D(window)}
+	}
+	return r
+}
+
+func client(addr string) *fasthttp.HostClient {
+	return &fasthttp.HostClient{Addr: addr, MaxConns: 64, ReadTimeout: 10 * time.Second}
+}
+
+// get sends one request with extra headers (name, value pairs).
+func get(t *testing.T, c *fasthttp.HostClient, method, path string, hdr ...string) *fasthttp.Response {
+	t.Helper()
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.SetRequestURI("http://" + c.Addr + path)
+	req.Header.SetMethod(method)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	resp := &fasthttp.Response{}
+	servicetest.Must(t, c.Do(req, resp), "%s %s", method, path)
+	return resp
+}
+
+// raw writes s on a fresh connection and returns what comes back until close
+// or timeout.
+func raw(t *testing.T, addr, s string, wait time.Duration) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	servicetest.Must(t, err, "dial")
+	defer c.Close()
+	_, _ = io.WriteString(c, s)
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	b, _ := io.ReadAll(c)
+	return string(b)
+}

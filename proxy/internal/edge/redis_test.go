@@ -1,0 +1,97 @@
+package edge
+
+import (
+	"context"
+	"io"
+	"net"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+// privateRedis starts a throwaway redis-server on a random port, so that
+// killing or pausing it disturbs no other test.
+func privateRedis(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	servicetest.Must(t, err, "listen")
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--protected-mode", "no")
+	servicetest.Must(t, cmd.Start(), "start redis-server")
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	for i := 0; ; i++ {
+		if rdb.Ping(context.Background()).Err() == nil {
+			return addr
+		}
+		if i > 100 {
+			t.Fatal("private redis-server did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func killRedis(t *testing.T, addr string) {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	_ = rdb.Shutdown(context.Background()).Err()
+}
+
+func pauseRedis(t *testing.T, addr string) {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	servicetest.Must(t, rdb.Do(context.Background(), "CLIENT", "PAUSE", "30000", "ALL").Err(), "client pause")
+	t.Cleanup(func() {
+		r := redis.NewClient(&redis.Options{Addr: addr})
+		_ = r.Do(context.Background(), "CLIENT", "UNPAUSE").Err()
+		_ = r.Close()
+	})
+}
+
+// slowProxy forwards TCP to addr, holding every chunk from the server for d.
+func slowProxy(t *testing.T, addr string, d time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	servicetest.Must(t, err, "listen")
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", addr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(s, c); s.Close() }()
+			go func() {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 {
+						time.Sleep(d)
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				c.Close()
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}

@@ -1,0 +1,321 @@
+// Package forward sends admitted requests to the upstreams over keep-alive
+// connections: round-robin over healthy upstreams, hop-by-hop headers
+// stripped both ways, X-Forwarded-For appended, X-Request-ID set when absent,
+// large responses streamed instead of buffered.
+package forward
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"iter"
+	"net"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/seckill/seckill/proxy/internal/metrics"
+)
+
+// Options of a Pool.
+type Options struct {
+	ConnectTimeout time.Duration
+	Timeout        time.Duration // whole exchange; exceeded: 504
+	MaxConns       int           // per upstream; 0: 4096
+	// DownFor is how long an upstream that refused a connection is skipped.
+	DownFor time.Duration
+	// BufferUpTo: responses with a known length up to this are read whole
+	// (freeing the upstream connection at once); larger or unknown ones stream.
+	BufferUpTo int
+	// RequestIDPrefix makes generated X-Request-IDs unique per instance.
+	RequestIDPrefix string
+	Metrics         *Metrics
+}
+
+// Metrics of the forward path.
+type Metrics struct {
+	Responses *metrics.CounterVec // upstream, code (2xx.. or 502/504 for proxy errors)
+	Latency   *metrics.HistogramVec
+}
+
+// NewMetrics registers the forwarding metrics.
+func NewMetrics(r *metrics.Registry) *Metrics {
+	return &Metrics{
+		Responses: r.NewCounterVec("seckill_proxy_upstream_responses_total", "Upstream answers by status class; error: 502/504 made by the proxy.", "upstream", "code"),
+		Latency:   r.NewHistogramVec("seckill_proxy_upstream_seconds", "Upstream latency up to the response header.", metrics.LatencyBuckets, "upstream"),
+	}
+}
+
+// Upstream is one backend server.
+type Upstream struct {
+	Name      string
+	hc        *fasthttp.HostClient
+	downUntil atomic.Int64 // unix nanos
+	codes     [6]*metrics.Counter
+	timeouts  *metrics.Counter
+	refused   *metrics.Counter
+	latency   *metrics.Histogram
+}
+
+// Healthy reports whether the upstream is not being skipped.
+func (u *Upstream) Healthy(now time.Time) bool { return now.UnixNano() >= u.downUntil.Load() }
+
+// Pool is the set of upstreams.
+type Pool struct {
+	ups   []*Upstream
+	rr    atomic.Uint64
+	reqID atomic.Uint64
+	o     Options
+}
+
+// Errors the edge maps to statuses.
+var (
+	ErrUnavailable = errors.New("upstream unavailable") // 502
+	ErrTimeout     = errors.New("upstream timeout")     // 504
+)
+
+// NewPool builds a pool over http:// URLs.
+func NewPool(urls []string, o Options) (*Pool, error) {
+	if len(urls) == 0 {
+		return nil, errors.New("no upstream")
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 4096
+	}
+	if o.DownFor <= 0 {
+		o.DownFor = time.Second
+	}
+	if o.BufferUpTo <= 0 {
+		o.BufferUpTo = 64 << 10
+	}
+	p := &Pool{o: o}
+	for _, raw := range urls {
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("upstream %q: not a URL", raw)
+		}
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return nil, fmt.Errorf("upstream %q: scheme must be http or https", raw)
+		}
+		addr := u.Host
+		if u.Port() == "" {
+			addr = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
+		}
+		connect := o.ConnectTimeout
+		up := &Upstream{Name: u.Host, hc: &fasthttp.HostClient{
+			Addr:  addr,
+			IsTLS: u.Scheme == "https",
+			Dial: func(addr string) (net.Conn, error) {
+				return fasthttp.DialTimeout(addr, connect)
+			},
+			MaxConns:                  o.MaxConns,
+			MaxIdleConnDuration:       30 * time.Second,
+			ReadTimeout:               o.Timeout,
+			WriteTimeout:              o.Timeout,
+			MaxIdemponentCallAttempts: 1, // retries are ours, on another upstream
+			StreamResponseBody:        true,
+			DisablePathNormalizing:    true,
+			NoDefaultUserAgentHeader:  true,
+			MaxConnWaitTimeout:        o.Timeout,
+		}}
+		if m := o.Metrics; m != nil {
+			for i := 1; i <= 5; i++ {
+				up.codes[i] = m.Responses.With(up.Name, strconv.Itoa(i)+"xx")
+			}
+			up.timeouts = m.Responses.With(up.Name, "error_504")
+			up.refused = m.Responses.With(up.Name, "error_502")
+			up.latency = m.Latency.With(up.Name)
+		}
+		p.ups = append(p.ups, up)
+	}
+	return p, nil
+}
+
+// Upstreams lists the pool's upstreams.
+func (p *Pool) Upstreams() []*Upstream { return p.ups }
+
+// AnyHealthy reports whether some upstream is not being skipped.
+func (p *Pool) AnyHealthy() bool {
+	now := time.Now()
+	for _, u := range p.ups {
+		if u.Healthy(now) {
+			return true
+		}
+	}
+	return false
+}
+
+// pick returns the next healthy upstream after skip tries, round-robin; when
+// none is healthy, the next one anyway.
+func (p *Pool) pick(now time.Time) *Upstream {
+	n := uint64(len(p.ups))
+	start := p.rr.Add(1)
+	for i := uint64(0); i < n; i++ {
+		if u := p.ups[(start+i)%n]; u.Healthy(now) {
+			return u
+		}
+	}
+	return p.ups[start%n]
+}
+
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "TE", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// headers is what stripHop needs of a request or response header.
+type headers interface {
+	PeekAll(key string) [][]byte
+	Del(key string)
+	All() iter.Seq2[[]byte, []byte]
+}
+
+// stripHop removes the hop-by-hop headers, those Connection names, and any
+// Proxy-* header. It allocates only when a Proxy-* header is present.
+func stripHop(h headers) {
+	for _, v := range h.PeekAll("Connection") {
+		for _, tok := range bytes.Split(v, []byte{','}) {
+			if tok = bytes.TrimSpace(tok); len(tok) > 0 {
+				h.Del(string(tok))
+			}
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+	var proxyKeys []string
+	for k := range h.All() {
+		if len(k) >= 6 && bytes.EqualFold(k[:6], []byte("proxy-")) {
+			proxyKeys = append(proxyKeys, string(k))
+		}
+	}
+	for _, k := range proxyKeys {
+		h.Del(k)
+	}
+}
+
+var (
+	hdrXFF       = []byte("X-Forwarded-For")
+	hdrRequestID = []byte("X-Request-ID")
+	commaSpace   = []byte(", ")
+)
+
+// PrepareRequest rewrites ctx.Request for the upstream: hop-by-hop headers
+// stripped, the peer appended to X-Forwarded-For, X-Request-ID set if absent.
+func (p *Pool) PrepareRequest(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Request.Header
+	stripHop(h)
+	h.ResetConnectionClose()
+	var buf [64]byte
+	ip := appendIP(buf[:0], ctx.RemoteIP())
+	if prior := h.PeekAll("X-Forwarded-For"); len(prior) > 0 {
+		joined := bytes.Join(prior, commaSpace)
+		joined = append(append(joined, commaSpace...), ip...)
+		h.DelBytes(hdrXFF)
+		h.SetBytesKV(hdrXFF, joined)
+	} else {
+		h.SetBytesKV(hdrXFF, ip)
+	}
+	if len(h.PeekBytes(hdrRequestID)) == 0 {
+		id := append(buf[:0], p.o.RequestIDPrefix...)
+		id = strconv.AppendUint(id, p.reqID.Add(1), 36)
+		h.SetBytesKV(hdrRequestID, id)
+	}
+}
+
+func appendIP(dst []byte, ip net.IP) []byte {
+	if v4 := ip.To4(); v4 != nil {
+		for i, b := range v4 {
+			if i > 0 {
+				dst = append(dst, '.')
+			}
+			dst = strconv.AppendUint(dst, uint64(b), 10)
+		}
+		return dst
+	}
+	return append(dst, ip.String()...)
+}
+
+// Do forwards ctx.Request (already prepared) and leaves the upstream's answer
+// in ctx.Response, streamed when large. Connection errors fail over to
+// another upstream for idempotent methods; the error says 502 or 504.
+func (p *Pool) Do(ctx *fasthttp.RequestCtx) error {
+	req, resp := &ctx.Request, &ctx.Response
+	idempotent := req.Header.IsGet() || req.Header.IsHead() || req.Header.IsPut() ||
+		req.Header.IsDelete() || req.Header.IsOptions() || req.Header.IsTrace()
+	deadline := time.Now().Add(p.o.Timeout)
+	tries := 1
+	if idempotent {
+		tries = len(p.ups)
+	}
+	var last error
+	for try := 0; try < tries; try++ {
+		now := time.Now()
+		left := deadline.Sub(now)
+		if left <= 0 {
+			return ErrTimeout
+		}
+		up := p.pick(now)
+		err := up.hc.DoTimeout(req, resp, left)
+		if up.latency != nil {
+			up.latency.Since(now)
+		}
+		if err == nil {
+			if c := resp.StatusCode() / 100; c >= 1 && c <= 5 && up.codes[c] != nil {
+				up.codes[c].Inc()
+			}
+			p.prepareResponse(resp)
+			return nil
+		}
+		if isTimeout(err) {
+			if up.timeouts != nil {
+				up.timeouts.Inc()
+			}
+			resp.Reset()
+			return fmt.Errorf("%w: %s: %v", ErrTimeout, up.Name, err)
+		}
+		if up.refused != nil {
+			up.refused.Inc()
+		}
+		if isConnError(err) {
+			up.downUntil.Store(time.Now().Add(p.o.DownFor).UnixNano())
+		}
+		resp.Reset()
+		last = fmt.Errorf("%w: %s: %v", ErrUnavailable, up.Name, err)
+		if !isConnError(err) {
+			break
+		}
+	}
+	return last
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) {
+		return !errors.Is(err, fasthttp.ErrDialTimeout) // a dial timeout is "down"
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() && !errors.Is(err, fasthttp.ErrDialTimeout)
+}
+
+// isConnError: the request did not reach an upstream that answered (refused,
+// reset, closed before the first response byte, dial timeout): safe to try
+// another upstream for an idempotent method.
+func isConnError(err error) bool {
+	if errors.Is(err, fasthttp.ErrConnectionClosed) || errors.Is(err, fasthttp.ErrDialTimeout) ||
+		errors.Is(err, fasthttp.ErrNoFreeConns) {
+		return true
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe)
+}
+
+func (p *Pool) prepareResponse(resp *fasthttp.Response) {
+	h := &resp.Header
+	stripHop(h)
+	h.ResetConnectionClose()
+	if n := h.ContentLength(); n >= 0 && n <= p.o.BufferUpTo {
+		// Small: read it now, which hands the connection back at once.
+		resp.Body()
+	}
+}

@@ -1,0 +1,123 @@
+// Command proxy is the seckill edge proxy: shared sliding-window rate limits
+// in Redis with a local token cache, in front of any HTTP upstream.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/lua"
+	"github.com/seckill/seckill/proxy/internal/edge"
+)
+
+func main() {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if err := run(context.Background(), os.Args[1:], os.Getenv, log); err != nil {
+		log.Error("proxy stopped", "err", err)
+		os.Exit(1)
+	}
+}
+
+// run serves until SIGINT/SIGTERM (or ctx ends) and drains; SIGHUP reloads
+// the rules from the file (an invalid file keeps the running rules).
+func run(ctx context.Context, args []string, env func(string) string, log *slog.Logger) error {
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	path := fs.String("config", conf.DefaultPath, "configuration file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := conf.Load(*path, env)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	rdb := redis.NewClient(cfg.Redis.Options())
+	defer rdb.Close()
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := lua.Preload(pctx, rdb); err != nil {
+		// Not fatal: the limiter falls back per on_redis_error and the script
+		// loads on the first call that reaches Redis.
+		log.Warn("redis not reachable at start", "err", err)
+	}
+	cancel()
+
+	p, err := edge.New(cfg, rdb, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Proxy.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Proxy.Listen, err)
+	}
+	aln, err := net.Listen("tcp", cfg.Proxy.AdminListen)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("listen %s: %w", cfg.Proxy.AdminListen, err)
+	}
+	srv, admin := p.Server(log), p.AdminServer(log)
+
+	bg, bgCancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { p.Handler.Limiter.Run(bg) })
+	wg.Go(func() { p.Handler.SoldOut.Subscribe(bg, rdb, cfg.Redis.KeyPrefix, log, nil) })
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- admin.Serve(aln) }()
+	log.Info("proxy serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(),
+		"upstreams", cfg.Proxy.Upstreams, "rules", len(cfg.Proxy.Rules))
+
+	var serveErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-errc:
+			serveErr = fmt.Errorf("serve: %w", err)
+			break loop
+		case <-hup:
+			reload(*path, env, p, log)
+		}
+	}
+	log.Info("proxy draining", "grace", cfg.Proxy.ShutdownGrace.String())
+	sctx, scancel := context.WithTimeout(context.Background(), cfg.Proxy.ShutdownGrace.Duration)
+	defer scancel()
+	if err := srv.ShutdownWithContext(sctx); err != nil && serveErr == nil {
+		serveErr = fmt.Errorf("drain: %w", err)
+	}
+	if err := admin.ShutdownWithContext(sctx); err != nil && serveErr == nil && !errors.Is(err, context.DeadlineExceeded) {
+		serveErr = fmt.Errorf("drain admin: %w", err)
+	}
+	bgCancel()
+	wg.Wait()
+	return serveErr
+}
+
+func reload(path string, env func(string) string, p *edge.Proxy, log *slog.Logger) {
+	cfg, err := conf.Load(path, env)
+	if err == nil {
+		err = p.Reload(cfg.Proxy.Rules)
+	}
+	if err != nil {
+		log.Error("reload rejected, running rules kept", "path", path, "err", err)
+		return
+	}
+	log.Info("rules reloaded", "path", path, "rules", len(cfg.Proxy.Rules))
+}
