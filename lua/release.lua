@@ -5,7 +5,11 @@
 -- order is never both released and confirmed.
 --
 -- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
+-- KEYS[5] idem (optional; the backend, whose client never learnt the order)
 -- ARGV[1] order id, ARGV[2] reason, ARGV[3] pub/sub channel, ARGV[4] activity id
+-- ARGV[5] "user:key" idempotency field (optional, with KEYS[5]): when the order
+--         is released, the field is deleted if it still names this order, so a
+--         client told "503, nothing kept" may retry with the same key
 --
 -- Returns {"released"} | {"claimed"} | {"confirmed"} | {"failed"} | {"missing"}
 -- (the last four: nothing changed, the state the order is in).
@@ -31,5 +35,10 @@ if tonumber(redis.call('HINCRBY', KEYS[2], user, -qty)) <= 0 then
 end
 redis.call('HSET', KEYS[3], ARGV[1], 'F|' .. qty .. '|' .. user .. '|' .. deadline .. '|' .. ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[1])
+if KEYS[5] and ARGV[5] and ARGV[5] ~= '' then
+  if redis.call('HGET', KEYS[5], ARGV[5]) == ARGV[1] then
+    redis.call('HDEL', KEYS[5], ARGV[5])
+  end
+end
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return {'released'}

@@ -80,6 +80,8 @@ type Client interface {
 	ZRangeByScore(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.StringSliceCmd
 	ZCard(ctx context.Context, key string) *redis.IntCmd
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
+	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
+	ZAddXX(ctx context.Context, key string, members ...redis.Z) *redis.IntCmd
 }
 
 // Store runs the purchase-path scripts against one Redis under one key prefix.
@@ -192,6 +194,23 @@ func (s *Store) Release(ctx context.Context, activityID int64, orderID, reason s
 	k := s.Keys(activityID)
 	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines},
 		orderID, reason, Channel(s.prefix), activityID).Slice()
+	if err != nil {
+		return "", fmt.Errorf("release %s: %w", orderID, err)
+	}
+	return ReleaseOutcome(str(at(v, 0))), nil
+}
+
+// ReleaseUnpublished is Release for the backend after a failed publish: its
+// client is told that nothing was kept, so when the order is released the
+// idempotency key (if any) is forgotten too and a retry with it reserves anew.
+func (s *Store) ReleaseUnpublished(ctx context.Context, activityID int64, orderID, reason, userID, idemKey string) (ReleaseOutcome, error) {
+	k := s.Keys(activityID)
+	field := ""
+	if idemKey != "" {
+		field = userID + ":" + idemKey
+	}
+	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem},
+		orderID, reason, Channel(s.prefix), activityID, field).Slice()
 	if err != nil {
 		return "", fmt.Errorf("release %s: %w", orderID, err)
 	}
@@ -434,4 +453,23 @@ func num(x any) int64 {
 		return n
 	}
 	return 0
+}
+
+// Forget drops an order from the deadline index (it is already settled).
+func (s *Store) Forget(ctx context.Context, activityID int64, orderID string) error {
+	if err := s.rdb.ZRem(ctx, s.Keys(activityID).Deadlines, orderID).Err(); err != nil {
+		return fmt.Errorf("forget order %s: %w", orderID, err)
+	}
+	return nil
+}
+
+// Postpone moves an order's next look in the deadline index to t; the
+// deadline in its record stays as it was.
+func (s *Store) Postpone(ctx context.Context, activityID int64, orderID string, t time.Time) error {
+	// XX: only while the order is still indexed (not settled meanwhile).
+	err := s.rdb.ZAddXX(ctx, s.Keys(activityID).Deadlines, redis.Z{Score: float64(t.UnixMilli()), Member: orderID}).Err()
+	if err != nil {
+		return fmt.Errorf("postpone order %s: %w", orderID, err)
+	}
+	return nil
 }

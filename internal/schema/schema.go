@@ -15,7 +15,8 @@ import (
 )
 
 // Statements create the schema; each is idempotent, so several processes may
-// run them at once.
+// run them at once. Every table compares binary (utf8mb4_bin) whatever the
+// database's default: user ids are case-sensitive, as they are in Redis.
 var Statements = []string{
 	`CREATE TABLE IF NOT EXISTS activities (
 		id             BIGINT UNSIGNED NOT NULL PRIMARY KEY,
@@ -29,7 +30,7 @@ var Statements = []string{
 		updated_at     DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
 		CONSTRAINT activities_stock_nonneg CHECK (stock >= 0),
 		CONSTRAINT activities_balance CHECK (stock + sold = total_stock)
-	) ENGINE=InnoDB`,
+	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
 	`CREATE TABLE IF NOT EXISTS orders (
 		order_id        VARCHAR(64) NOT NULL PRIMARY KEY,
 		activity_id     BIGINT UNSIGNED NOT NULL,
@@ -43,13 +44,13 @@ var Statements = []string{
 		KEY orders_activity_user (activity_id, user_id),
 		KEY orders_activity_status (activity_id, status),
 		CONSTRAINT orders_reason CHECK (status = 'confirmed' OR reason IS NOT NULL)
-	) ENGINE=InnoDB`,
+	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
 	`CREATE TABLE IF NOT EXISTS purchases (
 		activity_id BIGINT UNSIGNED NOT NULL,
 		user_id     VARCHAR(64) NOT NULL,
 		quantity    INT NOT NULL,
 		PRIMARY KEY (activity_id, user_id)
-	) ENGINE=InnoDB`,
+	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
 }
 
 // Open connects to the database of cfg, creating the database and schema if
@@ -59,6 +60,11 @@ func Open(ctx context.Context, cfg conf.MySQL) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
+	// The session variable has no portable name (MariaDB before 11.1 knows
+	// only tx_isolation, MySQL 8 only transaction_isolation) and an unknown
+	// one fails every connection; transactions that need READ COMMITTED ask
+	// for it themselves (sql.TxOptions).
+	delete(dc.Params, "transaction_isolation")
 	if err := ensureDatabase(ctx, *dc); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,364 @@
+package sale
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/reservation"
+)
+
+// mysqlRow is an activities row.
+type mysqlRow struct {
+	Total, Stock, Sold, Limit int64
+	Start, End                time.Time
+}
+
+const selectActivity = `SELECT total_stock, stock, sold, per_user_limit, starts_at, ends_at FROM activities WHERE id = ?`
+
+func scanActivity(row *sql.Row) (mysqlRow, bool, error) {
+	var a mysqlRow
+	err := row.Scan(&a.Total, &a.Stock, &a.Sold, &a.Limit, &a.Start, &a.End)
+	if errors.Is(err, sql.ErrNoRows) {
+		return mysqlRow{}, false, nil
+	}
+	if err != nil {
+		return mysqlRow{}, false, err
+	}
+	a.Start, a.End = a.Start.UTC(), a.End.UTC()
+	return a, true, nil
+}
+
+func (s *Service) loadActivity(ctx context.Context, id int64) (mysqlRow, bool, error) {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	a, found, err := scanActivity(s.db.QueryRowContext(qctx, selectActivity, id))
+	if err != nil {
+		return mysqlRow{}, false, fmt.Errorf("load activity %d: %w", id, err)
+	}
+	return a, found, nil
+}
+
+func (s *Service) loadUsers(ctx context.Context, id int64) (map[string]int64, error) {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	rows, err := s.db.QueryContext(qctx, `SELECT user_id, quantity FROM purchases WHERE activity_id = ?`, id)
+	if err != nil {
+		return nil, fmt.Errorf("load purchases of activity %d: %w", id, err)
+	}
+	defer rows.Close()
+	users := map[string]int64{}
+	for rows.Next() {
+		var u string
+		var n int64
+		if err := rows.Scan(&u, &n); err != nil {
+			return nil, fmt.Errorf("load purchases of activity %d: %w", id, err)
+		}
+		users[u] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("load purchases of activity %d: %w", id, err)
+	}
+	return users, nil
+}
+
+// warm writes MySQL's facts a to Redis, loading per-user totals when Redis
+// lost the sale and MySQL has sold units.
+func (s *Service) warm(ctx context.Context, id int64, a mysqlRow) (reservation.WarmOutcome, reservation.Sale, error) {
+	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+	out, sale, err := s.store.Warm(rctx, id, args)
+	cancel()
+	if err != nil || out != reservation.WarmNeedUsers {
+		return out, sale, err
+	}
+	if args.Users, err = s.loadUsers(ctx, id); err != nil {
+		return "", reservation.Sale{}, err
+	}
+	rctx, cancel = context.WithTimeout(ctx, s.cfg.RedisTimeout)
+	defer cancel()
+	return s.store.Warm(rctx, id, args)
+}
+
+// rebuild puts a sale that Redis lost back from MySQL, once per activity at a
+// time however many requests find it missing. found is false when MySQL has
+// no such activity.
+func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
+	ctx = context.WithoutCancel(ctx) // shared by every waiter
+	return s.flight.do(id, func() (bool, error) {
+		a, found, err := s.loadActivity(ctx, id)
+		if err != nil || !found {
+			s.m.rebuilt("not_found", err)
+			return false, err
+		}
+		out, _, err := s.warm(ctx, id, a)
+		if err == nil && out == reservation.WarmConflict {
+			err = fmt.Errorf("redis refused the rebuild of activity %d: MySQL sold %d of %d", id, a.Sold, a.Total)
+		}
+		s.m.rebuilt(string(out), err)
+		if err != nil {
+			return false, err
+		}
+		s.log.Info("activity rebuilt in Redis from MySQL", "activity_id", id, "outcome", out)
+		return true, nil
+	})
+}
+
+// State words of an activity.
+const (
+	StateUpcoming = "upcoming"
+	StateOpen     = "open"
+	StateSoldOut  = "sold_out"
+	StateEnded    = "ended"
+)
+
+// ActivityView is the contract's view of a sale.
+type ActivityView struct {
+	ActivityID   int64     `json:"activity_id"`
+	Stock        int64     `json:"stock"`
+	Available    int64     `json:"available"`
+	Pending      int64     `json:"pending"`
+	Sold         int64     `json:"sold"`
+	PerUserLimit int64     `json:"per_user_limit"`
+	StartsAt     time.Time `json:"starts_at"`
+	EndsAt       time.Time `json:"ends_at"`
+	State        string    `json:"state"`
+}
+
+func stateAt(now, start, end time.Time, available int64) string {
+	switch {
+	case now.Before(start):
+		return StateUpcoming
+	case !now.Before(end):
+		return StateEnded
+	case available <= 0:
+		return StateSoldOut
+	}
+	return StateOpen
+}
+
+// Activity returns the Redis view of a sale, or MySQL's when Redis has none
+// (or fails).
+func (s *Service) Activity(ctx context.Context, id int64) (ActivityView, error) {
+	now := s.now()
+	if s.missing.Has(id, now) {
+		return ActivityView{}, ErrActivityNotFound
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+	sale, found, err := s.store.Sale(rctx, id)
+	cancel()
+	if err == nil && found {
+		v := ActivityView{
+			ActivityID: id, Stock: sale.Total, Available: sale.Available(), Pending: sale.Pending,
+			Sold: sale.Sold, PerUserLimit: sale.Limit, StartsAt: sale.Start, EndsAt: sale.End,
+		}
+		v.State = stateAt(now, v.StartsAt, v.EndsAt, v.Available)
+		return v, nil
+	}
+	if err != nil {
+		s.log.Debug("activity from Redis failed; reading MySQL", "activity_id", id, "err", err)
+	}
+	missEpoch := s.missing.Epoch()
+	a, found, err := s.loadActivity(ctx, id)
+	if err != nil {
+		return ActivityView{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if !found {
+		s.missing.Set(id, missEpoch, s.now())
+		return ActivityView{}, ErrActivityNotFound
+	}
+	return mysqlView(id, a, now), nil
+}
+
+func mysqlView(id int64, a mysqlRow, now time.Time) ActivityView {
+	v := ActivityView{
+		ActivityID: id, Stock: a.Total, Available: a.Stock, Sold: a.Sold, PerUserLimit: a.Limit,
+		StartsAt: a.Start, EndsAt: a.End,
+	}
+	v.State = stateAt(now, v.StartsAt, v.EndsAt, v.Available)
+	return v
+}
+
+// OrderView is the contract's view of an order.
+type OrderView struct {
+	OrderID    string `json:"order_id"`
+	ActivityID int64  `json:"activity_id"`
+	UserID     string `json:"user_id"`
+	Quantity   int64  `json:"quantity"`
+	Status     string `json:"status"`
+	Reason     string `json:"reason,omitempty"`
+}
+
+// Order answers an order's status: a pending (or claimed) record in Redis,
+// else MySQL's row (the truth once written), else Redis's final record.
+func (s *Service) Order(ctx context.Context, orderID string) (OrderView, error) {
+	id, err := ordermsg.ActivityOf(orderID)
+	if err != nil {
+		return OrderView{}, ErrOrderNotFound
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+	rec, inRedis, rerr := s.store.Order(rctx, id, orderID)
+	cancel()
+	if rerr != nil {
+		inRedis = false
+	}
+	fromRecord := func() OrderView {
+		v := OrderView{OrderID: orderID, ActivityID: id, UserID: rec.UserID, Quantity: rec.Quantity, Status: rec.State.Public()}
+		if v.Status == "failed" {
+			v.Reason = rec.Reason
+			if v.Reason == "" {
+				v.Reason = "failed"
+			}
+		}
+		return v
+	}
+	if inRedis && (rec.State == reservation.Pending || rec.State == reservation.Claimed) {
+		return fromRecord(), nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	var v OrderView
+	var reason sql.NullString
+	err = s.db.QueryRowContext(qctx,
+		`SELECT activity_id, user_id, quantity, status, reason FROM orders WHERE order_id = ?`, orderID).
+		Scan(&v.ActivityID, &v.UserID, &v.Quantity, &v.Status, &reason)
+	switch {
+	case err == nil:
+		v.OrderID, v.Reason = orderID, reason.String
+		if v.Status == "failed" && v.Reason == "" {
+			v.Reason = "failed"
+		}
+		return v, nil
+	case inRedis:
+		return fromRecord(), nil
+	case errors.Is(err, sql.ErrNoRows):
+		if rerr != nil {
+			return OrderView{}, fmt.Errorf("%w: %v", ErrUnavailable, rerr)
+		}
+		return OrderView{}, ErrOrderNotFound
+	}
+	return OrderView{}, fmt.Errorf("%w: read order %s: %v", ErrUnavailable, orderID, err)
+}
+
+// Spec is an admin's description of a sale.
+type Spec struct {
+	Stock, PerUserLimit int64
+	StartsAt, EndsAt    time.Time
+}
+
+// PutActivity creates or updates a sale. Raising stock (or creating): MySQL
+// first, then Redis. Lowering: Redis first (refused below what Redis sold and
+// reserved), then MySQL (refused below what MySQL sold; Redis is then put
+// back). The activities row stays locked (FOR UPDATE) across both steps so
+// admin changes of one activity are serialised across backends. Errors wrap
+// ErrConflict or ErrUnavailable.
+func (s *Service) PutActivity(ctx context.Context, id int64, spec Spec) (ActivityView, bool, error) {
+	spec.StartsAt = spec.StartsAt.UTC().Truncate(time.Millisecond)
+	spec.EndsAt = spec.EndsAt.UTC().Truncate(time.Millisecond)
+	created, err := s.putActivity(ctx, id, spec)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1062 {
+		// Two creates raced; the loser updates what the winner created.
+		created, err = s.putActivity(ctx, id, spec)
+	}
+	if err != nil {
+		if errors.Is(err, ErrConflict) || errors.Is(err, ErrUnavailable) {
+			return ActivityView{}, false, err
+		}
+		return ActivityView{}, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	s.soldOut.Clear(id)
+	s.missing.Clear(id)
+	v, err := s.Activity(ctx, id)
+	return v, created, err
+}
+
+func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created bool, err error) {
+	ctx = context.WithoutCancel(ctx) // an admin change runs to its end
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	tx, err := s.db.BeginTx(qctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	old, found, err := scanActivity(tx.QueryRowContext(qctx, selectActivity+` FOR UPDATE`, id))
+	if err != nil {
+		return false, err
+	}
+	next := mysqlRow{Total: spec.Stock, Limit: spec.PerUserLimit, Start: spec.StartsAt, End: spec.EndsAt}
+	if !found {
+		if _, err = tx.ExecContext(qctx, `INSERT INTO activities
+			(id, total_stock, stock, sold, per_user_limit, starts_at, ends_at) VALUES (?, ?, ?, 0, ?, ?, ?)`,
+			id, spec.Stock, spec.Stock, spec.PerUserLimit, spec.StartsAt, spec.EndsAt); err != nil {
+			return false, err
+		}
+		if err = tx.Commit(); err != nil {
+			return false, err
+		}
+		return true, s.warmAfterCommit(ctx, id, next)
+	}
+	next.Sold = old.Sold
+	if spec.Stock < old.Sold {
+		return false, fmt.Errorf("%w: stock %d is below the %d units MySQL has sold", ErrConflict, spec.Stock, old.Sold)
+	}
+	update := func() error {
+		_, err := tx.ExecContext(qctx, `UPDATE activities SET total_stock = ?, stock = ? - sold,
+			per_user_limit = ?, starts_at = ?, ends_at = ? WHERE id = ?`,
+			spec.Stock, spec.Stock, spec.PerUserLimit, spec.StartsAt, spec.EndsAt, id)
+		return err
+	}
+	if spec.Stock >= old.Total {
+		if err = update(); err != nil {
+			return false, err
+		}
+		if err = tx.Commit(); err != nil {
+			return false, err
+		}
+		return false, s.warmAfterCommit(ctx, id, next)
+	}
+	// Lowering: Redis first.
+	out, rs, err := s.warm(ctx, id, next)
+	if err != nil {
+		return false, err
+	}
+	if out == reservation.WarmConflict {
+		return false, fmt.Errorf("%w: stock %d is below the %d sold and %d reserved in Redis",
+			ErrConflict, spec.Stock, rs.Sold, rs.Pending)
+	}
+	if err = update(); err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		// MySQL kept the old total: put Redis back to it (raising Redis to what
+		// MySQL holds is the safe direction).
+		if _, _, rerr := s.warm(ctx, id, old); rerr != nil {
+			s.log.Error("lowering stock failed in MySQL and Redis could not be restored; the reconciler repairs it",
+				"activity_id", id, "err", err, "restore_err", rerr)
+		}
+		return false, err
+	}
+	return false, nil
+}
+
+// warmAfterCommit brings Redis up to a change MySQL already holds.
+func (s *Service) warmAfterCommit(ctx context.Context, id int64, a mysqlRow) error {
+	out, rs, err := s.warm(ctx, id, a)
+	if err != nil {
+		return fmt.Errorf("%w: saved in MySQL, Redis not updated (repeat the request): %v", ErrUnavailable, err)
+	}
+	if out == reservation.WarmConflict {
+		return fmt.Errorf("%w: saved in MySQL, but Redis holds %d sold and %d reserved, above stock %d",
+			ErrConflict, rs.Sold, rs.Pending, a.Total)
+	}
+	return nil
+}

@@ -1,0 +1,67 @@
+package sale
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/seckill/seckill/internal/metrics"
+)
+
+// Metrics of the purchase path. A nil *Metrics records nothing.
+type Metrics struct {
+	reservations *prometheus.CounterVec
+	reserveTime  prometheus.Histogram
+	purchases    *prometheus.CounterVec
+	rebuilds     *prometheus.CounterVec
+}
+
+// NewMetrics registers the service's metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "seckill_backend", Name: "reservations_total",
+			Help: "Reservation attempts by result (reserve.lua outcome, or sold_out_cached / not_found_cached / error).",
+		}, []string{"result"}),
+		reserveTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "seckill_backend", Name: "reserve_seconds",
+			Help: "Latency of one reserve.lua call.", Buckets: metrics.LatencyBuckets,
+		}),
+		purchases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "seckill_backend", Name: "publish_outcomes_total",
+			Help: "Reserved purchases by what followed the publish: accepted, released (503), accepted_claimed (publish failed, a worker had it), accepted_unsettled (release failed; the sweeper settles).",
+		}, []string{"outcome"}),
+		rebuilds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "seckill_backend", Name: "rebuilds_total",
+			Help: "Rebuilds of a sale missing in Redis, by warm outcome (or not_found, error).",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds)
+	return m
+}
+
+func (m *Metrics) reserved(result string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.reservations.WithLabelValues(result).Inc()
+	if d > 0 {
+		m.reserveTime.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) purchased(outcome string) {
+	if m != nil {
+		m.purchases.WithLabelValues(outcome).Inc()
+	}
+}
+
+func (m *Metrics) rebuilt(result string, err error) {
+	if m == nil {
+		return
+	}
+	if err != nil {
+		result = "error"
+	}
+	m.rebuilds.WithLabelValues(result).Inc()
+}

@@ -1,0 +1,139 @@
+// Command backend is the seckill purchase service: it reserves in Redis,
+// publishes orders with publisher confirms, and serves the API of DESIGN.md §4.
+// Wiring only: config → logger → clients → packages → server.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/backend/internal/api"
+	"github.com/seckill/seckill/backend/internal/sale"
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/metrics"
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/lua"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "backend:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("backend", flag.ContinueOnError)
+	configPath := fs.String("config", conf.DefaultPath, "configuration file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := conf.LoadDefault(*configPath)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "backend")
+
+	// Clients.
+	rdb := redis.NewClient(cfg.Redis.Options())
+	defer rdb.Close()
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := rdb.Ping(startCtx).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	if err := lua.Preload(startCtx, rdb); err != nil {
+		return err
+	}
+	db, err := schema.Open(startCtx, cfg.MySQL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	reg := metrics.NewRegistry()
+	host, _ := os.Hostname()
+	pub, err := broker.NewPublisher(startCtx,
+		broker.PublisherConfigFrom(cfg.RabbitMQ, fmt.Sprintf("seckill-backend@%s:%d", host, os.Getpid())),
+		log, broker.NewPublisherMetrics(reg, "seckill_backend"))
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	// Packages.
+	store := reservation.New(rdb, cfg.Redis.KeyPrefix)
+	svc := sale.New(store, db, pub, sale.Config{
+		ReservationTTL: cfg.Backend.ReservationTTL.Duration,
+		RedisTimeout:   cfg.Backend.RedisTimeout.Duration,
+		PublishTimeout: cfg.Backend.PublishTimeout.Duration,
+		QueryTimeout:   cfg.MySQL.QueryTimeout.Duration,
+		SoldOutTTL:     cfg.Backend.SoldOutTTL.Duration,
+	}, log, sale.NewMetrics(reg))
+	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		svc.WatchStockEvents(watchCtx, rdb, reservation.Channel(cfg.Redis.KeyPrefix))
+	}()
+	defer func() { stopWatch(); <-watched }()
+
+	checks := []api.Check{
+		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
+		{Name: "mysql", Fn: db.PingContext},
+		{Name: "rabbitmq", Fn: func(context.Context) error { return pub.Ready() }},
+	}
+	edge := api.New(svc, api.Config{
+		AdminToken:     cfg.Backend.AdminToken,
+		MaxBodyBytes:   cfg.Backend.MaxBodyBytes,
+		AdminBodyBytes: cfg.Backend.AdminBodyBytes,
+		RetryAfter:     cfg.Backend.RetryAfter.Duration,
+		CheckTimeout:   cfg.Backend.RedisTimeout.Duration + time.Second,
+		ReadTimeout:    cfg.Backend.ReadTimeout.Duration,
+		WriteTimeout:   cfg.Backend.WriteTimeout.Duration,
+		IdleTimeout:    cfg.Backend.IdleTimeout.Duration,
+	}, checks, reg, log, api.NewMetrics(reg))
+
+	// Server.
+	srv := edge.Server()
+	ln, err := net.Listen("tcp", cfg.Backend.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Backend.Listen, err)
+	}
+	log.Info("backend listening", "addr", ln.Addr().String(), "admin_api", cfg.Backend.AdminToken != "")
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("backend draining", "grace", cfg.Backend.ShutdownGrace.Duration)
+	drainCtx, cancelDrain := context.WithTimeout(context.Background(), cfg.Backend.ShutdownGrace.Duration)
+	defer cancelDrain()
+	// In-flight purchases finish (publish and confirm) before the publisher,
+	// Redis and MySQL close in the deferred calls above.
+	if err := srv.ShutdownWithContext(drainCtx); err != nil {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("shutdown: %w", err)
+		}
+		log.Warn("backend drain timed out; closing with requests in flight")
+	}
+	<-served
+	log.Info("backend stopped")
+	return nil
+}

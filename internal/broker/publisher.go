@@ -1,0 +1,561 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/metrics"
+	"github.com/seckill/seckill/internal/ordermsg"
+)
+
+// Errors of Publish. Each means the broker did not take responsibility for the
+// message; none of them means it certainly did not arrive (a timeout or a lost
+// connection may hide an ack), so callers must settle the order through a path
+// that tolerates both (release.lua versus claim.lua).
+var (
+	ErrNacked         = errors.New("broker nacked the message")
+	ErrReturned       = errors.New("broker returned the message as unroutable")
+	ErrConfirmTimeout = errors.New("no confirm before the deadline")
+	ErrConnectionLost = errors.New("connection lost before the confirm")
+	ErrNotConnected   = errors.New("not connected to the broker")
+	ErrBlocked        = errors.New("broker blocks publishing (resource alarm)")
+	ErrClosed         = errors.New("publisher closed")
+	ErrDuplicate      = errors.New("message id already in flight")
+)
+
+// returnsBuffer is the capacity of each channel's basic.return buffer. amqp091
+// hands a return to its listener with a blocking send bounded by 5 s on the
+// connection's reader goroutine; returns are drained by every waiter that
+// receives its confirm, so the buffer only holds the returns of messages whose
+// confirm is still being processed, plus late returns of timed-out publishes.
+const returnsBuffer = 4096
+
+// staleDrainInterval bounds how long a late return (its publisher gave up
+// waiting) may sit in a buffer when no other confirm arrives to drain it.
+const staleDrainInterval = 100 * time.Millisecond
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	URL      string
+	Topology Topology
+	// Channels is the number of confirm-mode channels publishes are spread over.
+	Channels int
+	// ConfirmTimeout bounds one publish (the caller's context may be shorter).
+	ConfirmTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the exponential back-off between
+	// connection attempts.
+	ReconnectMin, ReconnectMax time.Duration
+	// Name shows in the broker's connection list.
+	Name string
+	// Dial replaces the TCP dialer (tests use it to cut connections); nil: default.
+	Dial func(network, addr string) (net.Conn, error)
+}
+
+// PublisherConfigFrom derives a PublisherConfig from the [rabbitmq] section.
+func PublisherConfigFrom(c conf.RabbitMQ, name string) PublisherConfig {
+	return PublisherConfig{
+		URL:            c.URL,
+		Topology:       TopologyFor(c),
+		Channels:       c.PublishChannels,
+		ConfirmTimeout: c.ConfirmTimeout.Duration,
+		ReconnectMin:   c.ReconnectMin.Duration,
+		ReconnectMax:   c.ReconnectMax.Duration,
+		Name:           name,
+	}
+}
+
+// PublisherMetrics counts publish outcomes. A nil *PublisherMetrics records nothing.
+type PublisherMetrics struct {
+	outcomes   *prometheus.CounterVec
+	latency    prometheus.Histogram
+	reconnects prometheus.Counter
+	connected  prometheus.Gauge
+	confirmed  prometheus.Counter
+	nacked     prometheus.Counter
+	returned   prometheus.Counter
+	timedOut   prometheus.Counter
+	lost       prometheus.Counter
+	notConn    prometheus.Counter
+}
+
+// NewPublisherMetrics registers the publisher's metrics on reg under namespace.
+func NewPublisherMetrics(reg prometheus.Registerer, namespace string) *PublisherMetrics {
+	m := &PublisherMetrics{
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Subsystem: "publish", Name: "total",
+			Help: "Order publishes by outcome: confirmed, nacked, returned, timeout, connection_lost, unavailable (not connected, blocked, closed).",
+		}, []string{"outcome"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Subsystem: "publish", Name: "confirm_seconds",
+			Help: "Time from publish to the broker's confirm (confirmed publishes only).", Buckets: metrics.LatencyBuckets,
+		}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Subsystem: "publish", Name: "connects_total",
+			Help: "Successful (re)connections of the publisher to the broker.",
+		}),
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Subsystem: "publish", Name: "connected",
+			Help: "1 while the publisher holds a live connection.",
+		}),
+	}
+	m.confirmed = m.outcomes.WithLabelValues("confirmed")
+	m.nacked = m.outcomes.WithLabelValues("nacked")
+	m.returned = m.outcomes.WithLabelValues("returned")
+	m.timedOut = m.outcomes.WithLabelValues("timeout")
+	m.lost = m.outcomes.WithLabelValues("connection_lost")
+	m.notConn = m.outcomes.WithLabelValues("unavailable")
+	reg.MustRegister(m.outcomes, m.latency, m.reconnects, m.connected)
+	return m
+}
+
+func (m *PublisherMetrics) outcome(err error, d time.Duration) {
+	if m == nil {
+		return
+	}
+	switch {
+	case err == nil:
+		m.confirmed.Inc()
+		m.latency.Observe(d.Seconds())
+	case errors.Is(err, ErrReturned):
+		m.returned.Inc()
+	case errors.Is(err, ErrNacked):
+		m.nacked.Inc()
+	case errors.Is(err, ErrConfirmTimeout):
+		m.timedOut.Inc()
+	case errors.Is(err, ErrConnectionLost):
+		m.lost.Inc()
+	default:
+		m.notConn.Inc()
+	}
+}
+
+// Publisher publishes orders with publisher confirms over a small pool of
+// confirm-mode channels on its own connection, with many publishes in flight.
+//
+// Recovery: this is our own loop, not amqp091-go's Config.Recovery. Reasons:
+//   - Outstanding publishes at a connection loss must fail. Both ways do that
+//     (a closing channel nacks every pending DeferredConfirmation, and the
+//     library's recovery resets the sequencer the same way), but with our loop
+//     the dead *amqp.Channel stays dead, IsClosed() stays true, and a waiter can
+//     tell "connection lost" from a broker nack without racing a channel that
+//     the library is reopening under the same pointer with delivery tags
+//     restarting at 1.
+//   - The topology carries arguments (quorum type, delivery limit, dead-letter
+//     exchange) that Topology.Declare owns; redeclaring it explicitly after each
+//     connect is one code path with the first start, instead of the library's
+//     recorded-entity replay, which is experimental in v1.16.0.
+//   - basic.return listeners are closed with the channel; a fresh channel gets
+//     a fresh buffer and pending map, so returns of the old one cannot be
+//     matched against publishes of the new one.
+type Publisher struct {
+	cfg     PublisherConfig
+	log     *slog.Logger
+	metrics *PublisherMetrics
+
+	sess atomic.Pointer[session]
+	rr   atomic.Uint64
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// session is one connection and its channels.
+type session struct {
+	conn  *amqp.Connection
+	chans []atomic.Pointer[pubChannel]
+	// blocked is set while the broker blocks publishing (a memory or disk
+	// alarm): a publish would then hang in the socket write, beyond any
+	// timeout, so Publish refuses at once instead.
+	blocked atomic.Bool
+}
+
+// pubChannel is one confirm-mode channel with its return correlation.
+type pubChannel struct {
+	ch      *amqp.Channel
+	returns chan amqp.Return
+
+	// mu guards pending and every receive from returns, so that a waiter that
+	// drains under mu sees every return the broker sent before its ack.
+	mu      sync.Mutex
+	pending map[string]*inflight
+}
+
+type inflight struct{ returned bool }
+
+// NewPublisher connects (declaring the topology) and keeps the connection up
+// until Close. It fails when the first connection cannot be made.
+func NewPublisher(ctx context.Context, cfg PublisherConfig, log *slog.Logger, m *PublisherMetrics) (*Publisher, error) {
+	if cfg.Channels < 1 {
+		cfg.Channels = 1
+	}
+	if cfg.ConfirmTimeout <= 0 {
+		cfg.ConfirmTimeout = 5 * time.Second
+	}
+	if cfg.ReconnectMin <= 0 {
+		cfg.ReconnectMin = 100 * time.Millisecond
+	}
+	if cfg.ReconnectMax < cfg.ReconnectMin {
+		cfg.ReconnectMax = cfg.ReconnectMin
+	}
+	p := &Publisher{cfg: cfg, log: log, metrics: m, done: make(chan struct{})}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s, err := p.connect()
+	if err != nil {
+		return nil, err
+	}
+	p.sess.Store(s)
+	m.connectedNow(true)
+	// The supervisor outlives the caller's context: Close stops it.
+	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	go p.supervise(s)
+	return p, nil
+}
+
+func (m *PublisherMetrics) connectedNow(up bool) {
+	if m == nil {
+		return
+	}
+	if up {
+		m.reconnects.Inc()
+		m.connected.Set(1)
+	} else {
+		m.connected.Set(0)
+	}
+}
+
+func (p *Publisher) connect() (*session, error) {
+	acfg := amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Properties: amqp.NewConnectionProperties(),
+		Dial:       p.cfg.Dial,
+	}
+	if acfg.Dial == nil {
+		acfg.Dial = amqp.DefaultDial(5 * time.Second)
+	}
+	if p.cfg.Name != "" {
+		acfg.Properties.SetClientConnectionName(p.cfg.Name)
+	}
+	conn, err := amqp.DialConfig(p.cfg.URL, acfg)
+	if err != nil {
+		return nil, fmt.Errorf("amqp dial: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("amqp channel: %w", err)
+	}
+	if err := p.cfg.Topology.Declare(ch); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	_ = ch.Close()
+	s := &session{conn: conn, chans: make([]atomic.Pointer[pubChannel], p.cfg.Channels)}
+	for i := range s.chans {
+		pc, err := openChannel(conn)
+		if err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+		s.chans[i].Store(pc)
+	}
+	return s, nil
+}
+
+func openChannel(conn *amqp.Connection) (*pubChannel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("amqp channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("amqp confirm mode: %w", err)
+	}
+	pc := &pubChannel{
+		ch:      ch,
+		returns: ch.NotifyReturn(make(chan amqp.Return, returnsBuffer)),
+		pending: make(map[string]*inflight),
+	}
+	return pc, nil
+}
+
+// supervise watches the live session: it reopens a channel the broker closed,
+// and reconnects with back-off when the connection is lost.
+func (p *Publisher) supervise(s *session) {
+	defer close(p.done)
+	tick := time.NewTicker(staleDrainInterval)
+	defer tick.Stop()
+	for {
+		connClosed := s.conn.NotifyClose(make(chan *amqp.Error, 1))
+		blocked := s.conn.NotifyBlocked(make(chan amqp.Blocking, 1))
+		if !p.watch(s, connClosed, blocked, tick.C) {
+			return
+		}
+		p.sess.Store(nil)
+		p.metrics.connectedNow(false)
+		_ = s.conn.Close()
+		s = p.reconnect()
+		if s == nil {
+			return
+		}
+		p.sess.Store(s)
+		p.metrics.connectedNow(true)
+		p.log.Info("amqp publisher reconnected")
+	}
+}
+
+// watch returns false when the publisher is closing, true when s is lost.
+func (p *Publisher) watch(s *session, connClosed <-chan *amqp.Error, blocked <-chan amqp.Blocking, tick <-chan time.Time) bool {
+	for {
+		select {
+		case <-p.ctx.Done():
+			return false
+		case b, ok := <-blocked:
+			if !ok {
+				blocked = nil // closed with the connection; connClosed follows
+				continue
+			}
+			s.blocked.Store(b.Active)
+			if b.Active {
+				p.log.Warn("amqp broker blocks publishing", "reason", b.Reason)
+			} else {
+				p.log.Info("amqp broker unblocked publishing")
+			}
+		case err := <-connClosed:
+			if err != nil {
+				p.log.Warn("amqp publisher connection lost", "err", err)
+			} else {
+				p.log.Warn("amqp publisher connection closed")
+			}
+			return true
+		case <-tick:
+			for i := range s.chans {
+				pc := s.chans[i].Load()
+				pc.drainStale()
+				if !pc.ch.IsClosed() {
+					continue
+				}
+				if s.conn.IsClosed() {
+					return true
+				}
+				npc, err := openChannel(s.conn)
+				if err != nil {
+					p.log.Warn("amqp publisher cannot reopen a channel; reconnecting", "err", err)
+					return true
+				}
+				p.log.Warn("amqp publisher reopened a channel the broker closed")
+				s.chans[i].Store(npc)
+			}
+		}
+	}
+}
+
+func (p *Publisher) reconnect() *session {
+	wait := p.cfg.ReconnectMin
+	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-p.ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		s, err := p.connect()
+		if err == nil {
+			return s
+		}
+		p.log.Warn("amqp publisher reconnect failed", "err", err, "retry_in", wait)
+		wait = min(2*wait, p.cfg.ReconnectMax)
+	}
+}
+
+// Ready reports whether a live connection is held.
+func (p *Publisher) Ready() error {
+	s := p.sess.Load()
+	if s == nil || s.conn.IsClosed() {
+		return ErrNotConnected
+	}
+	if s.blocked.Load() {
+		return ErrBlocked
+	}
+	return nil
+}
+
+// Close stops reconnecting and closes the connection; publishes still waiting
+// fail with ErrConnectionLost.
+func (p *Publisher) Close() error {
+	p.cancel()
+	<-p.done
+	if s := p.sess.Swap(nil); s != nil {
+		p.metrics.connectedNow(false)
+		if err := s.conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+			return fmt.Errorf("close amqp connection: %w", err)
+		}
+	}
+	return nil
+}
+
+// Publish sends o (persistent, mandatory, MessageId = order id) and returns nil
+// only once the broker acked it without returning it. It returns an error on a
+// nack, a return, ctx's deadline or the publisher's confirm timeout, a lost
+// connection, or when no connection is up (it does not wait for a reconnect).
+func (p *Publisher) Publish(ctx context.Context, o ordermsg.Order) error {
+	body, err := o.Encode()
+	if err != nil {
+		return fmt.Errorf("publish %s: encode: %w", o.OrderID, err)
+	}
+	start := time.Now()
+	err = p.publish(ctx, o.OrderID, body)
+	p.metrics.outcome(err, time.Since(start))
+	if err != nil {
+		return fmt.Errorf("publish %s: %w", o.OrderID, err)
+	}
+	return nil
+}
+
+func (p *Publisher) publish(ctx context.Context, id string, body []byte) error {
+	if p.ctx.Err() != nil {
+		return ErrClosed
+	}
+	s := p.sess.Load()
+	if s == nil {
+		return ErrNotConnected
+	}
+	if s.blocked.Load() {
+		return ErrBlocked
+	}
+	pc := p.pick(s)
+	if pc == nil {
+		return ErrNotConnected
+	}
+	e := &inflight{}
+	pc.mu.Lock()
+	if _, dup := pc.pending[id]; dup {
+		pc.mu.Unlock()
+		return ErrDuplicate
+	}
+	pc.pending[id] = e
+	pc.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
+	defer cancel()
+	dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange, p.cfg.Topology.RoutingKey,
+		true, false, amqp.Publishing{
+			ContentType:  ordermsg.ContentType,
+			DeliveryMode: amqp.Persistent,
+			MessageId:    id,
+			Timestamp:    time.Now(),
+			Body:         body,
+		})
+	if err != nil {
+		pc.forget(id)
+		if ctx.Err() != nil {
+			return ErrConfirmTimeout
+		}
+		// The frame could not be written: the channel or connection is gone.
+		return fmt.Errorf("%w: %v", ErrConnectionLost, err)
+	}
+	if dc == nil {
+		// Only a channel not in confirm mode gives no confirmation.
+		pc.forget(id)
+		return fmt.Errorf("%w: channel not in confirm mode", ErrNotConnected)
+	}
+	select {
+	case <-dc.Done():
+	case <-ctx.Done():
+		pc.forget(id)
+		return ErrConfirmTimeout
+	}
+	acked := dc.Acked()
+	// RabbitMQ sends basic.return before the basic.ack of the same message, and
+	// amqp091 dispatches both on one goroutine, so the return is in the buffer
+	// by now; drain under mu, then look at our entry.
+	pc.mu.Lock()
+	pc.drainLocked()
+	returned := e.returned
+	delete(pc.pending, id)
+	pc.mu.Unlock()
+	switch {
+	case returned:
+		return ErrReturned
+	case acked:
+		return nil
+	case pc.ch.IsClosed():
+		// A closing channel nacks every outstanding confirmation.
+		return ErrConnectionLost
+	}
+	return ErrNacked
+}
+
+// outstanding counts the publishes waiting for their confirm.
+func (p *Publisher) outstanding() int {
+	s := p.sess.Load()
+	if s == nil {
+		return 0
+	}
+	n := 0
+	for i := range s.chans {
+		pc := s.chans[i].Load()
+		pc.mu.Lock()
+		n += len(pc.pending)
+		pc.mu.Unlock()
+	}
+	return n
+}
+
+// pick returns an open channel of s, round robin.
+func (p *Publisher) pick(s *session) *pubChannel {
+	n := uint64(len(s.chans))
+	start := p.rr.Add(1)
+	for i := uint64(0); i < n; i++ {
+		pc := s.chans[(start+i)%n].Load()
+		if !pc.ch.IsClosed() {
+			return pc
+		}
+	}
+	return nil
+}
+
+func (pc *pubChannel) forget(id string) {
+	pc.mu.Lock()
+	pc.drainLocked()
+	delete(pc.pending, id)
+	pc.mu.Unlock()
+}
+
+// drainLocked moves every buffered return to its pending entry; returns of
+// messages nobody waits for any more are dropped. Caller holds mu.
+func (pc *pubChannel) drainLocked() {
+	for {
+		select {
+		case r, ok := <-pc.returns:
+			if !ok {
+				return
+			}
+			if e := pc.pending[r.MessageId]; e != nil {
+				e.returned = true
+			}
+		default:
+			return
+		}
+	}
+}
+
+func (pc *pubChannel) drainStale() {
+	pc.mu.Lock()
+	pc.drainLocked()
+	pc.mu.Unlock()
+}

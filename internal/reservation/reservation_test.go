@@ -1,0 +1,477 @@
+package reservation_test
+
+import (
+	"context"
+	"maps"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/servicetest"
+	"github.com/seckill/seckill/lua"
+)
+
+const ttl = 30 * time.Second
+
+func redisNow(t testing.TB, rdb *redis.Client) time.Time {
+	t.Helper()
+	now, err := rdb.Time(context.Background()).Result()
+	servicetest.Must(t, err, "redis TIME")
+	return now
+}
+
+// snapshot is every key under a prefix with its full content.
+func snapshot(t testing.TB, rdb *redis.Client, prefix string) map[string]any {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]any{}
+	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	servicetest.Must(t, err, "keys")
+	for _, k := range keys {
+		typ, err := rdb.Type(ctx, k).Result()
+		servicetest.Must(t, err, "type %s", k)
+		switch typ {
+		case "hash":
+			out[k], err = rdb.HGetAll(ctx, k).Result()
+		case "zset":
+			out[k], err = rdb.ZRangeWithScores(ctx, k, 0, -1).Result()
+		case "set":
+			out[k], err = rdb.SMembers(ctx, k).Result()
+		default:
+			out[k], err = rdb.Get(ctx, k).Result()
+		}
+		servicetest.Must(t, err, "read %s", k)
+	}
+	return out
+}
+
+type sale struct {
+	total, limit int64
+	start, end   time.Duration // relative to Redis's clock now
+}
+
+func warm(t testing.TB, st *reservation.Store, rdb *redis.Client, id int64, s sale) {
+	t.Helper()
+	now := redisNow(t, rdb)
+	out, _, err := st.Warm(context.Background(), id, reservation.WarmArgs{
+		Total: s.total, Limit: s.limit, Start: now.Add(s.start), End: now.Add(s.end),
+	})
+	servicetest.Must(t, err, "warm")
+	if out != reservation.WarmCreated {
+		t.Fatalf("warm = %s, want created", out)
+	}
+}
+
+func reserve(t testing.TB, st *reservation.Store, id int64, user, key string, qty int64) reservation.Result {
+	t.Helper()
+	res, err := st.Reserve(context.Background(), reservation.Request{
+		ActivityID: id, UserID: user, IdempotencyKey: key, Quantity: qty,
+		OrderID: ordermsg.NewOrderID(id), TTL: ttl,
+	})
+	servicetest.Must(t, err, "reserve")
+	return res
+}
+
+func meta(t testing.TB, st *reservation.Store, id int64) reservation.Sale {
+	t.Helper()
+	s, found, err := st.Sale(context.Background(), id)
+	servicetest.Must(t, err, "sale")
+	if !found {
+		t.Fatal("sale missing")
+	}
+	return s
+}
+
+var open = sale{total: 10, limit: 3, start: -time.Hour, end: time.Hour}
+
+// TestReserveRefusals: every refusal answers its code and writes nothing.
+func TestReserveRefusals(t *testing.T) {
+	t.Parallel()
+	type step struct {
+		user string
+		qty  int64
+	}
+	cases := []struct {
+		name  string
+		sale  *sale // nil: no sale in Redis
+		prior []step
+		user  string
+		qty   int64
+		want  reservation.Result
+	}{
+		{name: "not found", user: "a", qty: 1, want: reservation.Result{Outcome: reservation.NotFound}},
+		{name: "quantity 0", sale: &open, user: "a", qty: 0, want: reservation.Result{Outcome: reservation.BadQuantity, Limit: 3}},
+		{name: "quantity -1", sale: &open, user: "a", qty: -1, want: reservation.Result{Outcome: reservation.BadQuantity, Limit: 3}},
+		{name: "quantity over limit", sale: &open, user: "a", qty: 4, want: reservation.Result{Outcome: reservation.BadQuantity, Limit: 3}},
+		{name: "not started", sale: &sale{total: 10, limit: 1, start: time.Hour, end: 2 * time.Hour}, user: "a", qty: 1,
+			want: reservation.Result{Outcome: reservation.NotStarted}},
+		{name: "ended", sale: &sale{total: 10, limit: 1, start: -2 * time.Hour, end: -time.Hour}, user: "a", qty: 1,
+			want: reservation.Result{Outcome: reservation.Ended}},
+		{name: "end is exclusive", sale: &sale{total: 10, limit: 1, start: -time.Hour, end: 0}, user: "a", qty: 1,
+			want: reservation.Result{Outcome: reservation.Ended}},
+		{name: "limit exceeded", sale: &open, prior: []step{{"a", 2}}, user: "a", qty: 2,
+			want: reservation.Result{Outcome: reservation.LimitExceeded, Held: 2, Limit: 3}},
+		{name: "limit exceeded at the limit", sale: &open, prior: []step{{"a", 2}, {"a", 1}}, user: "a", qty: 1,
+			want: reservation.Result{Outcome: reservation.LimitExceeded, Held: 3, Limit: 3}},
+		{name: "sold out", sale: &sale{total: 3, limit: 3, start: -time.Hour, end: time.Hour}, prior: []step{{"a", 3}}, user: "b", qty: 1,
+			want: reservation.Result{Outcome: reservation.SoldOut}},
+		{name: "insufficient", sale: &sale{total: 3, limit: 2, start: -time.Hour, end: time.Hour}, prior: []step{{"a", 2}}, user: "b", qty: 2,
+			want: reservation.Result{Outcome: reservation.Insufficient, Available: 1}},
+		{name: "empty sale is sold out", sale: &sale{total: 0, limit: 1, start: -time.Hour, end: time.Hour}, user: "a", qty: 1,
+			want: reservation.Result{Outcome: reservation.SoldOut}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			rdb, prefix := servicetest.Redis(t)
+			st := reservation.New(rdb, prefix)
+			id := int64(100 + i)
+			if c.sale != nil {
+				warm(t, st, rdb, id, *c.sale)
+			}
+			for _, p := range c.prior {
+				if r := reserve(t, st, id, p.user, "", p.qty); r.Outcome != reservation.Reserved {
+					t.Fatalf("prior reserve: %+v", r)
+				}
+			}
+			before := snapshot(t, rdb, prefix)
+			got := reserve(t, st, id, c.user, "k1", c.qty)
+			if got != c.want {
+				t.Errorf("reserve = %+v, want %+v", got, c.want)
+			}
+			if after := snapshot(t, rdb, prefix); !reflect.DeepEqual(before, after) {
+				t.Errorf("a refused reservation wrote to Redis:\nbefore %v\nafter  %v", before, after)
+			}
+		})
+	}
+}
+
+func TestReserveWritesEverything(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	const id = 7
+	// The start is inclusive: a sale starting exactly at a moment Redis has
+	// reached is open.
+	warm(t, st, rdb, id, sale{total: 10, limit: 3, start: 0, end: time.Hour})
+	now := redisNow(t, rdb)
+	oid := ordermsg.NewOrderID(id)
+	res, err := st.Reserve(context.Background(), reservation.Request{
+		ActivityID: id, UserID: "alice", IdempotencyKey: "k-1", Quantity: 2, OrderID: oid, TTL: ttl,
+	})
+	servicetest.Must(t, err, "reserve")
+	if res.Outcome != reservation.Reserved || res.OrderID != oid {
+		t.Fatalf("reserve = %+v", res)
+	}
+	if d := res.Deadline.Sub(now); d < ttl-time.Second || d > ttl+time.Second {
+		t.Errorf("deadline %v is %v after Redis's now, want about %v", res.Deadline, d, ttl)
+	}
+	k := st.Keys(id)
+	if s := meta(t, st, id); s.Pending != 2 || s.Sold != 0 || s.Available() != 8 {
+		t.Errorf("sale after reserve = %+v", s)
+	}
+	if v := rdb.HGet(context.Background(), k.Users, "alice").Val(); v != "2" {
+		t.Errorf("users[alice] = %q, want 2", v)
+	}
+	if v := rdb.HGet(context.Background(), k.Idem, "alice:k-1").Val(); v != oid {
+		t.Errorf("idem = %q, want %s", v, oid)
+	}
+	rec, found, err := st.Order(context.Background(), id, oid)
+	servicetest.Must(t, err, "order")
+	if !found || rec.State != reservation.Pending || rec.Quantity != 2 || rec.UserID != "alice" ||
+		rec.Deadline.UnixMilli() != res.Deadline.UnixMilli() {
+		t.Errorf("record = %+v", rec)
+	}
+	if sc := rdb.ZScore(context.Background(), k.Deadlines, oid).Val(); int64(sc) != res.Deadline.UnixMilli() {
+		t.Errorf("deadline score = %v", sc)
+	}
+	// Per-user limit above 1: a second purchase up to the limit passes.
+	if r := reserve(t, st, id, "alice", "k-2", 1); r.Outcome != reservation.Reserved {
+		t.Fatalf("second purchase within the limit: %+v", r)
+	}
+	if r := reserve(t, st, id, "alice", "k-3", 1); r.Outcome != reservation.LimitExceeded || r.Held != 3 {
+		t.Fatalf("purchase past the limit: %+v", r)
+	}
+	// Another order id collision is refused without a write.
+	before := snapshot(t, rdb, prefix)
+	res, err = st.Reserve(context.Background(), reservation.Request{
+		ActivityID: id, UserID: "bob", Quantity: 1, OrderID: oid, TTL: ttl,
+	})
+	servicetest.Must(t, err, "reserve")
+	if res.Outcome != reservation.IDConflict {
+		t.Errorf("reused order id: %+v", res)
+	}
+	if after := snapshot(t, rdb, prefix); !reflect.DeepEqual(before, after) {
+		t.Error("an id conflict wrote to Redis")
+	}
+}
+
+func TestReserveIdempotentReplay(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	const id = 8
+	warm(t, st, rdb, id, sale{total: 5, limit: 2, start: -time.Hour, end: time.Hour})
+	first := reserve(t, st, id, "u", "key", 2)
+	if first.Outcome != reservation.Reserved {
+		t.Fatalf("first = %+v", first)
+	}
+	before := snapshot(t, rdb, prefix)
+	// Same key, other quantity (even an invalid one): the key is checked first.
+	for _, qty := range []int64{2, 1, 0, 99} {
+		r := reserve(t, st, id, "u", "key", qty)
+		want := reservation.Result{Outcome: reservation.Replay, OrderID: first.OrderID, State: reservation.Pending, Quantity: 2}
+		if r != want {
+			t.Errorf("replay qty %d = %+v, want %+v", qty, r, want)
+		}
+	}
+	if after := snapshot(t, rdb, prefix); !reflect.DeepEqual(before, after) {
+		t.Error("a replay wrote to Redis")
+	}
+	// The key is per user: another user's same key is a new purchase.
+	if r := reserve(t, st, id, "v", "key", 1); r.Outcome != reservation.Reserved || r.OrderID == first.OrderID {
+		t.Errorf("other user, same key = %+v", r)
+	}
+	// A replay of a failed order still answers it, also once the sale ended.
+	out, err := st.Release(context.Background(), id, first.OrderID, "released")
+	servicetest.Must(t, err, "release")
+	if out != reservation.Released {
+		t.Fatalf("release = %s", out)
+	}
+	now := redisNow(t, rdb)
+	if _, _, err := st.Warm(context.Background(), id, reservation.WarmArgs{
+		Total: 5, Limit: 2, Start: now.Add(-time.Hour), End: now.Add(-time.Minute),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := reserve(t, st, id, "u", "key", 1)
+	if r.Outcome != reservation.Replay || r.OrderID != first.OrderID || r.State != reservation.Failed {
+		t.Errorf("replay after failure = %+v", r)
+	}
+	// Without a key the ended sale answers ended.
+	if r := reserve(t, st, id, "u", "", 1); r.Outcome != reservation.Ended {
+		t.Errorf("no key after the end = %+v", r)
+	}
+}
+
+func TestReserveRejectsNonIntegerQuantity(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	const id = 9
+	warm(t, st, rdb, id, open)
+	k := st.Keys(id)
+	for _, q := range []string{"1.5", "abc", "", "1e0x"} {
+		v, err := lua.Reserve.Run(context.Background(), rdb, []string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines},
+			"u", "", q, ordermsg.NewOrderID(id), ttl.Milliseconds()).Slice()
+		servicetest.Must(t, err, "reserve %q", q)
+		if len(v) < 1 || v[0] != "bad_quantity" {
+			t.Errorf("quantity %q: %v, want bad_quantity", q, v)
+		}
+	}
+	if s := meta(t, st, id); s.Pending != 0 {
+		t.Errorf("pending = %d after bad quantities", s.Pending)
+	}
+}
+
+// The release-versus-claim race, both orders forced: exactly one side wins,
+// and an order is never both released and confirmable.
+func TestReleaseVersusClaim(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 11
+	warm(t, st, rdb, id, sale{total: 4, limit: 2, start: -time.Hour, end: time.Hour})
+
+	t.Run("claim first", func(t *testing.T) {
+		r := reserve(t, st, id, "a", "ka", 2)
+		states, err := st.Claim(ctx, id, []string{r.OrderID})
+		servicetest.Must(t, err, "claim")
+		if states[0] != reservation.Claimed {
+			t.Fatalf("claim = %s", states[0])
+		}
+		out, err := st.ReleaseUnpublished(ctx, id, r.OrderID, "publish_failed", "a", "ka")
+		servicetest.Must(t, err, "release")
+		if out != reservation.AlreadyClaimed {
+			t.Fatalf("release after claim = %s, want claimed", out)
+		}
+		rec, _, _ := st.Order(ctx, id, r.OrderID)
+		if rec.State != reservation.Claimed {
+			t.Errorf("state = %s, want C", rec.State)
+		}
+		if s := meta(t, st, id); s.Pending != 2 {
+			t.Errorf("pending = %d, want 2 (the worker still holds it)", s.Pending)
+		}
+		if v := rdb.HGet(ctx, st.Keys(id).Idem, "a:ka").Val(); v != r.OrderID {
+			t.Error("the key of a claimed order was forgotten")
+		}
+		// The worker settles it confirmed; a late release still changes nothing.
+		_, err = st.Settle(ctx, id, []reservation.Settlement{{OrderID: r.OrderID, Confirmed: true, Quantity: 2, UserID: "a"}})
+		servicetest.Must(t, err, "settle")
+		out, _ = st.Release(ctx, id, r.OrderID, "expired")
+		if out != reservation.AlreadyConfirmed {
+			t.Errorf("release after confirm = %s", out)
+		}
+	})
+	t.Run("release first", func(t *testing.T) {
+		r := reserve(t, st, id, "b", "kb", 1)
+		before := meta(t, st, id)
+		out, err := st.ReleaseUnpublished(ctx, id, r.OrderID, "publish_failed", "b", "kb")
+		servicetest.Must(t, err, "release")
+		if out != reservation.Released {
+			t.Fatalf("release = %s", out)
+		}
+		states, err := st.Claim(ctx, id, []string{r.OrderID})
+		servicetest.Must(t, err, "claim")
+		if states[0] != reservation.Failed {
+			t.Fatalf("claim after release = %s, want F", states[0])
+		}
+		after := meta(t, st, id)
+		if after.Pending != before.Pending-1 {
+			t.Errorf("pending %d -> %d, want one unit back", before.Pending, after.Pending)
+		}
+		if n, _ := rdb.HExists(ctx, st.Keys(id).Users, "b").Result(); n {
+			t.Error("the user still holds the released unit")
+		}
+		// Nothing kept: the same key reserves anew.
+		again := reserve(t, st, id, "b", "kb", 1)
+		if again.Outcome != reservation.Reserved || again.OrderID == r.OrderID {
+			t.Errorf("retry with the key after release = %+v", again)
+		}
+	})
+	t.Run("sweeper release keeps the key", func(t *testing.T) {
+		r := reserve(t, st, id, "c", "kc", 1)
+		out, err := st.Release(ctx, id, r.OrderID, "expired")
+		servicetest.Must(t, err, "release")
+		if out != reservation.Released {
+			t.Fatalf("release = %s", out)
+		}
+		if again := reserve(t, st, id, "c", "kc", 1); again.Outcome != reservation.Replay || again.State != reservation.Failed {
+			t.Errorf("replay after a sweeper release = %+v", again)
+		}
+	})
+}
+
+func TestReleasePublishesStockEvent(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 12
+	warm(t, st, rdb, id, sale{total: 1, limit: 1, start: -time.Hour, end: time.Hour})
+	r := reserve(t, st, id, "a", "", 1)
+	if got := reserve(t, st, id, "b", "", 1); got.Outcome != reservation.SoldOut {
+		t.Fatalf("second = %+v", got)
+	}
+	sub := rdb.Subscribe(ctx, reservation.Channel(prefix))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription confirmation
+		t.Fatal(err)
+	}
+	if _, err := st.Release(ctx, id, r.OrderID, "expired"); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := sub.ReceiveMessage(ctx)
+	servicetest.Must(t, err, "receive")
+	if msg.Payload != strconv.Itoa(id) {
+		t.Errorf("event payload = %q", msg.Payload)
+	}
+	if got := reserve(t, st, id, "b", "", 1); got.Outcome != reservation.Reserved {
+		t.Errorf("after release = %+v", got)
+	}
+}
+
+func TestWarmKeepsLiveCounters(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 13
+	warm(t, st, rdb, id, sale{total: 5, limit: 2, start: -time.Hour, end: time.Hour})
+	reserve(t, st, id, "a", "", 2)
+	now := redisNow(t, rdb)
+	args := reservation.WarmArgs{Total: 1, Limit: 2, Start: now.Add(-time.Hour), End: now.Add(time.Hour)}
+	out, s, err := st.Warm(ctx, id, args)
+	servicetest.Must(t, err, "warm")
+	if out != reservation.WarmConflict || s.Pending != 2 {
+		t.Fatalf("lowering below pending = %s %+v", out, s)
+	}
+	args.Total = 8
+	if out, _, _ = st.Warm(ctx, id, args); out != reservation.WarmUpdated {
+		t.Fatalf("raise = %s", out)
+	}
+	if got := meta(t, st, id); got.Total != 8 || got.Pending != 2 {
+		t.Errorf("after raise = %+v", got)
+	}
+	// Rebuild after loss needs MySQL's user totals when units were sold.
+	servicetest.Must(t, rdb.Del(ctx, st.Keys(id).Meta, st.Keys(id).Users).Err(), "del")
+	args.Sold = 3
+	if out, _, _ = st.Warm(ctx, id, args); out != reservation.WarmNeedUsers {
+		t.Fatalf("rebuild without users = %s", out)
+	}
+	args.Users = map[string]int64{"a": 2, "b": 1}
+	if out, _, _ = st.Warm(ctx, id, args); out != reservation.WarmCreated {
+		t.Fatalf("rebuild = %s", out)
+	}
+	users := rdb.HGetAll(ctx, st.Keys(id).Users).Val()
+	if !maps.Equal(users, map[string]string{"a": "2", "b": "1"}) {
+		t.Errorf("users after rebuild = %v", users)
+	}
+	if r := reserve(t, st, id, "a", "", 1); r.Outcome != reservation.LimitExceeded {
+		t.Errorf("user at the limit after rebuild = %+v", r)
+	}
+}
+
+// BenchmarkReserve is one reservation through the typed wrapper, every call
+// a fresh user so that each one reserves.
+func BenchmarkReserve(b *testing.B) {
+	rdb, prefix := servicetest.Redis(b)
+	st := reservation.New(rdb, prefix)
+	const id = 1
+	warm(b, st, rdb, id, sale{total: 1 << 40, limit: 1, start: -time.Hour, end: time.Hour})
+	users, oids := make([]string, b.N), make([]string, b.N)
+	for i := range users {
+		users[i], oids[i] = "u"+strconv.Itoa(i), ordermsg.NewOrderID(id)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		res, err := st.Reserve(context.Background(), reservation.Request{
+			ActivityID: id, UserID: users[i], Quantity: 1, OrderID: oids[i], TTL: ttl,
+		})
+		if err != nil || res.Outcome != reservation.Reserved {
+			b.Fatalf("%+v %v", res, err)
+		}
+	}
+}
+
+// BenchmarkRawEvalSha is the ceiling of BenchmarkReserve: the same script by
+// bare EVALSHA, reply unparsed.
+func BenchmarkRawEvalSha(b *testing.B) {
+	rdb, prefix := servicetest.Redis(b)
+	st := reservation.New(rdb, prefix)
+	const id = 1
+	warm(b, st, rdb, id, sale{total: 1 << 40, limit: 1, start: -time.Hour, end: time.Hour})
+	ctx := context.Background()
+	servicetest.Must(b, lua.Preload(ctx, rdb), "preload")
+	sha := lua.Reserve.Hash()
+	k := st.Keys(id)
+	keys := []string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines}
+	users, oids := make([]string, b.N), make([]string, b.N)
+	for i := range users {
+		users[i], oids[i] = "u"+strconv.Itoa(i), ordermsg.NewOrderID(id)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := rdb.EvalSha(ctx, sha, keys, users[i], "", 1, oids[i], ttl.Milliseconds()).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
