@@ -473,3 +473,65 @@ func (s *Store) Postpone(ctx context.Context, activityID int64, orderID string, 
 	}
 	return nil
 }
+
+// SyncResult reports what Sync changed.
+type SyncResult struct {
+	Found                         bool
+	OldTotal, OldSold, OldPending int64
+	NewPending, StaleIndexEntries int64
+}
+
+// Sync sets a sale's total, sold and per-user totals from MySQL and recounts
+// pending from the open reservations; see lua/sync.lua for what the caller
+// must hold.
+func (s *Store) Sync(ctx context.Context, activityID, total, sold int64, users map[string]int64) (SyncResult, error) {
+	k := s.Keys(activityID)
+	args := []any{total, sold, Channel(s.prefix), activityID}
+	for u, n := range users {
+		args = append(args, u, n)
+	}
+	v, err := lua.Sync.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines}, args...).Slice()
+	if err != nil {
+		return SyncResult{}, fmt.Errorf("sync activity %d: %w", activityID, err)
+	}
+	switch str(at(v, 0)) {
+	case "missing":
+		return SyncResult{}, nil
+	case "synced":
+		return SyncResult{Found: true, OldTotal: num(at(v, 1)), OldSold: num(at(v, 2)), OldPending: num(at(v, 3)),
+			NewPending: num(at(v, 4)), StaleIndexEntries: num(at(v, 5))}, nil
+	}
+	return SyncResult{}, fmt.Errorf("sync activity %d: %w: %v", activityID, ErrScript, v)
+}
+
+// Open lists the records of an activity's orders that are still pending or
+// claimed (those in the deadline index), up to max.
+func (s *Store) Open(ctx context.Context, activityID int64, max int64) ([]Record, error) {
+	k := s.Keys(activityID)
+	ids, err := s.rdb.ZRangeByScore(ctx, k.Deadlines, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: max}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("open orders of activity %d: %w", activityID, err)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	raw, err := s.rdb.HMGet(ctx, k.Orders, ids...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("open orders of activity %d: %w", activityID, err)
+	}
+	out := make([]Record, 0, len(ids))
+	for i, r := range raw {
+		rs, ok := r.(string)
+		if !ok {
+			continue
+		}
+		rec, err := ParseRecord(ids[i], rs)
+		if err != nil {
+			return nil, err
+		}
+		if rec.State == Pending || rec.State == Claimed {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}

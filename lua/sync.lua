@@ -1,0 +1,53 @@
+-- sync.lua: make a sale's Redis counters exact from MySQL's facts, for the
+-- reconciler's forced pass. The caller holds MySQL's row lock on the activity
+-- (SELECT ... FOR UPDATE), so no worker commits meanwhile, and has settled
+-- every pending or claimed order that MySQL already holds. What is still
+-- pending is recounted here from the reservation records, atomically with
+-- respect to reserve.lua.
+--
+-- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
+-- ARGV[1] total stock (MySQL), ARGV[2] units sold (MySQL), ARGV[3] pub/sub
+-- channel, ARGV[4] activity id, ARGV[5..] user id, units pairs (MySQL's
+-- per-user confirmed totals)
+--
+-- Returns {"missing"} when the sale is not in Redis (nothing changed), else
+-- {"synced", old_total, old_sold, old_pending, new_pending, stale_index}
+-- where stale_index counts settled orders dropped from the deadline index.
+
+local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending')
+if not cur[1] then
+  return {'missing'}
+end
+local total, sold = tonumber(ARGV[1]), tonumber(ARGV[2])
+local pending, stale = 0, 0
+local held = {}
+for i = 5, #ARGV, 2 do
+  held[ARGV[i]] = (held[ARGV[i]] or 0) + tonumber(ARGV[i + 1])
+end
+local ids = redis.call('ZRANGE', KEYS[4], 0, -1)
+for _, oid in ipairs(ids) do
+  local rec = redis.call('HGET', KEYS[3], oid)
+  local state, qty, user
+  if rec then
+    state, qty, user = string.match(rec, '^(%a)|(%d+)|([^|]*)|')
+  end
+  if state == 'P' or state == 'C' then
+    qty = tonumber(qty)
+    pending = pending + qty
+    held[user] = (held[user] or 0) + qty
+  else
+    redis.call('ZREM', KEYS[4], oid)
+    stale = stale + 1
+  end
+end
+redis.call('DEL', KEYS[2])
+for user, n in pairs(held) do
+  if n > 0 then
+    redis.call('HSET', KEYS[2], user, n)
+  end
+end
+redis.call('HSET', KEYS[1], 'total', total, 'sold', sold, 'pending', pending)
+if total - sold - pending > tonumber(cur[1]) - tonumber(cur[2]) - tonumber(cur[3]) then
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+end
+return {'synced', tonumber(cur[1]), tonumber(cur[2]), tonumber(cur[3]), pending, stale}

@@ -1,0 +1,200 @@
+package reconcile
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/servicetest"
+	"github.com/seckill/seckill/lua"
+)
+
+type rig struct {
+	rdb   *redis.Client
+	store *reservation.Store
+	db    *sql.DB
+	rec   *Reconciler
+}
+
+const act = 42
+
+// newRig makes a sale of 10 units (limit 3) in MySQL and Redis, with alice's 2
+// units confirmed and settled, bob's 1 unit committed but not settled, and
+// carol's 1 unit reserved, not yet committed.
+func newRig(t *testing.T) (*rig, map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	rdb, prefix := servicetest.Redis(t)
+	servicetest.Must(t, lua.Preload(ctx, rdb), "preload")
+	mc := conf.Default().MySQL
+	mc.DSN = servicetest.MySQLDSN(t)
+	db, err := schema.Open(ctx, mc)
+	servicetest.Must(t, err, "open mysql")
+	t.Cleanup(func() { _ = db.Close() })
+	store := reservation.New(rdb, prefix)
+	r := &rig{rdb: rdb, store: store, db: db,
+		rec: New(db, store, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, 5*time.Second)}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	start, end := now.Add(-time.Hour), now.Add(time.Hour)
+	_, err = db.Exec(`INSERT INTO activities (id, total_stock, stock, sold, per_user_limit, starts_at, ends_at)
+		VALUES (?, 10, 10, 0, 3, ?, ?)`, act, start, end)
+	servicetest.Must(t, err, "insert activity")
+	_, _, err = store.Warm(ctx, act, reservation.WarmArgs{Total: 10, Limit: 3, Start: start, End: end, Users: map[string]int64{}})
+	servicetest.Must(t, err, "warm")
+	ids := map[string]string{}
+	for _, u := range []struct {
+		user string
+		qty  int64
+	}{{"alice", 2}, {"bob", 1}, {"carol", 1}} {
+		oid := ordermsg.NewOrderID(act)
+		res, err := store.Reserve(ctx, reservation.Request{ActivityID: act, UserID: u.user, Quantity: u.qty, OrderID: oid, TTL: time.Minute})
+		servicetest.Must(t, err, "reserve")
+		if res.Outcome != reservation.Reserved {
+			t.Fatalf("reserve %s: %v", u.user, res.Outcome)
+		}
+		ids[u.user] = oid
+	}
+	r.commit(t, ids["alice"], "alice", 2)
+	_, err = store.Settle(ctx, act, []reservation.Settlement{{OrderID: ids["alice"], Confirmed: true, Quantity: 2, UserID: "alice"}})
+	servicetest.Must(t, err, "settle")
+	r.commit(t, ids["bob"], "bob", 1)
+	return r, ids
+}
+
+// commit writes what a worker's transaction writes for one confirmed order.
+func (r *rig) commit(t *testing.T, oid, user string, qty int64) {
+	t.Helper()
+	tx, err := r.db.Begin()
+	servicetest.Must(t, err, "begin")
+	defer tx.Rollback()
+	_, err = tx.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES (?, ?, ?, ?, 'confirmed')`, oid, act, user, qty)
+	servicetest.Must(t, err, "insert order")
+	_, err = tx.Exec(`INSERT INTO purchases (activity_id, user_id, quantity) VALUES (?, ?, ?)`, act, user, qty)
+	servicetest.Must(t, err, "insert purchase")
+	_, err = tx.Exec(`UPDATE activities SET stock = stock - ?, sold = sold + ? WHERE id = ? AND stock >= ?`, qty, qty, act, qty)
+	servicetest.Must(t, err, "update stock")
+	servicetest.Must(t, tx.Commit(), "commit")
+}
+
+func (r *rig) sale(t *testing.T) reservation.Sale {
+	t.Helper()
+	s, found, err := r.store.Sale(context.Background(), act)
+	servicetest.Must(t, err, "sale")
+	if !found {
+		t.Fatal("sale missing in Redis")
+	}
+	return s
+}
+
+func (r *rig) pass(t *testing.T, force bool) Report {
+	t.Helper()
+	reps, err := r.rec.Pass(context.Background(), force)
+	servicetest.Must(t, err, "pass")
+	if len(reps) != 1 || reps[0].ActivityID != act {
+		t.Fatalf("reports = %+v", reps)
+	}
+	return reps[0]
+}
+
+func TestInFlightLagIsNotDrift(t *testing.T) {
+	t.Parallel()
+	r, _ := newRig(t)
+	before := r.sale(t)
+	rep := r.pass(t, false)
+	if rep.Unsafe || len(rep.Repairs) != 0 {
+		t.Fatalf("healthy sale reported as drift: %s", rep)
+	}
+	if after := r.sale(t); after != before {
+		t.Errorf("a healthy pass changed Redis: %+v → %+v", before, after)
+	}
+	if rep.MySQLSold != 3 || rep.RedisSold != 2 || rep.RedisPending != 2 {
+		t.Errorf("report = %s", rep)
+	}
+}
+
+func TestForceSettlesAndSyncsExactly(t *testing.T) {
+	t.Parallel()
+	r, ids := newRig(t)
+	rep := r.pass(t, true)
+	if !strings.Contains(strings.Join(rep.Repairs, ";"), "settled 1 orders") {
+		t.Errorf("repairs = %v", rep.Repairs)
+	}
+	s := r.sale(t)
+	if s.Total != 10 || s.Sold != 3 || s.Pending != 1 {
+		t.Errorf("after force: %+v, want sold 3 pending 1 (carol)", s)
+	}
+	rec, _, _ := r.store.Order(context.Background(), act, ids["bob"])
+	if rec.State != reservation.Confirmed {
+		t.Errorf("bob's order %v, want confirmed", rec.State)
+	}
+	held, _ := r.rdb.HGetAll(context.Background(), r.store.Keys(act).Users).Result()
+	if held["alice"] != "2" || held["bob"] != "1" || held["carol"] != "1" || len(held) != 3 {
+		t.Errorf("users = %v", held)
+	}
+}
+
+func TestDriftIsRepaired(t *testing.T) {
+	cases := []struct {
+		name    string
+		corrupt func(t *testing.T, r *rig)
+	}{
+		{"redis sold above mysql (double settle)", func(t *testing.T, r *rig) {
+			r.rdb.HIncrBy(context.Background(), r.store.Keys(act).Meta, "sold", 2)
+		}},
+		{"redis behind beyond pending (lost pending)", func(t *testing.T, r *rig) {
+			r.rdb.HSet(context.Background(), r.store.Keys(act).Meta, "pending", 0)
+		}},
+		{"total differs", func(t *testing.T, r *rig) {
+			r.rdb.HSet(context.Background(), r.store.Keys(act).Meta, "total", 50)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r, _ := newRig(t)
+			tc.corrupt(t, r)
+			rep := r.pass(t, false)
+			if len(rep.Repairs) == 0 {
+				t.Fatalf("drift not repaired: %s", rep)
+			}
+			s := r.sale(t)
+			if s.Total != 10 || s.Sold != 3 || s.Pending != 1 {
+				t.Errorf("after repair: %+v, want total 10 sold 3 pending 1", s)
+			}
+			if rep := r.pass(t, false); len(rep.Repairs) != 0 || rep.Unsafe {
+				t.Errorf("second pass still drifts: %s", rep)
+			}
+		})
+	}
+}
+
+func TestLostSaleIsRebuilt(t *testing.T) {
+	t.Parallel()
+	r, _ := newRig(t)
+	k := r.store.Keys(act)
+	r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem)
+	rep := r.pass(t, false)
+	if !strings.Contains(strings.Join(rep.Repairs, ";"), "rebuilt") {
+		t.Fatalf("repairs = %v", rep.Repairs)
+	}
+	s := r.sale(t)
+	// MySQL knows alice's 2 and bob's 1; carol's reservation was lost with Redis
+	// and will settle against MySQL's guard when her message arrives.
+	if s.Total != 10 || s.Sold != 3 || s.Pending != 0 || s.Limit != 3 {
+		t.Errorf("rebuilt sale %+v", s)
+	}
+	held, _ := r.rdb.HGetAll(context.Background(), k.Users).Result()
+	if held["alice"] != "2" || held["bob"] != "1" {
+		t.Errorf("rebuilt users = %v", held)
+	}
+}
