@@ -90,7 +90,9 @@ func (m MySQL) Driver() (*mysql.Config, error) {
 		c.Params = map[string]string{}
 	}
 	c.Params["time_zone"] = "'+00:00'"
-	c.Params["transaction_isolation"] = "'READ-COMMITTED'"
+	// No isolation level here: MariaDB and MySQL name the session variable
+	// differently and an unknown one fails every connection. Transactions that
+	// need READ COMMITTED ask for it (sql.TxOptions).
 	return c, nil
 }
 

@@ -60,11 +60,6 @@ func Open(ctx context.Context, cfg conf.MySQL) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
 	}
-	// The session variable has no portable name (MariaDB before 11.1 knows
-	// only tx_isolation, MySQL 8 only transaction_isolation) and an unknown
-	// one fails every connection; transactions that need READ COMMITTED ask
-	// for it themselves (sql.TxOptions).
-	delete(dc.Params, "transaction_isolation")
 	if err := ensureDatabase(ctx, *dc); err != nil {
 		return nil, err
 	}

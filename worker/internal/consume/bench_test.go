@@ -1,0 +1,142 @@
+package consume_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+// prefill reserves n orders in Redis, as the backend would, and publishes
+// them with every confirm awaited.
+func prefill(b *testing.B, s *stack, n int) {
+	b.Helper()
+	s.sale(1, int64(n), 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const inFlight = 1000
+	var confs []*amqp.DeferredConfirmation
+	flush := func() {
+		for _, c := range confs {
+			if ok, err := c.WaitContext(ctx); err != nil || !ok {
+				b.Fatalf("prefill publish not confirmed: %v", err)
+			}
+		}
+		confs = confs[:0]
+	}
+	for i := range n {
+		o := s.reserve(1, fmt.Sprintf("user%06d", i), 1)
+		body, err := o.Encode()
+		servicetest.Must(b, err, "encode")
+		c, err := s.pubCh.PublishWithDeferredConfirmWithContext(ctx, s.topo.Exchange, s.topo.RoutingKey, true, false,
+			amqp.Publishing{ContentType: ordermsg.ContentType, DeliveryMode: amqp.Persistent, MessageId: o.OrderID, Body: body})
+		servicetest.Must(b, err, "publish")
+		if confs = append(confs, c); len(confs) == inFlight {
+			flush()
+		}
+	}
+	flush()
+}
+
+// BenchmarkDrain measures how fast a pre-filled queue of orders drains: the
+// worker's consumer (claim, MySQL batch, ack, settle) against the raw
+// ceiling, a manual-ack consumer with the same channels and prefetch that
+// does nothing but ack (multiple, once per batch). One op is one message.
+// Run it with a fixed count, e.g. -benchtime=5000x: each run pre-fills.
+func BenchmarkDrain(b *testing.B) {
+	b.Run("worker", func(b *testing.B) {
+		s := newStack(b)
+		prefill(b, s, b.N)
+		cfg := testConfig(s.topo)
+		cfg.Prefetch, cfg.BatchSize = 400, 100
+		b.ReportAllocs()
+		b.ResetTimer()
+		r := s.start(cfg, nil)
+		for decided(r) < b.N || s.depth(s.topo.Queue) > 0 {
+			time.Sleep(time.Millisecond)
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		b.ReportMetric(float64(b.N)/value(r.m.Batches), "orders/batch")
+		r.shutdown(b)
+		if got := s.countOrders(); got != b.N {
+			b.Fatalf("%d orders written, want %d", got, b.N)
+		}
+	})
+	b.Run("raw", func(b *testing.B) {
+		s := newStack(b)
+		prefill(b, s, b.N)
+		cfg := testConfig(s.topo)
+		cfg.Prefetch, cfg.BatchSize = 400, 100
+		conn, err := amqp.Dial(servicetest.AMQPURL())
+		servicetest.Must(b, err, "dial")
+		defer conn.Close()
+		b.ReportAllocs()
+		b.ResetTimer()
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			total int
+			done  = make(chan struct{})
+		)
+		for range cfg.Consumers {
+			ch, err := conn.Channel()
+			servicetest.Must(b, err, "channel")
+			servicetest.Must(b, ch.Qos(cfg.Prefetch, 0, false), "qos")
+			deliveries, err := ch.Consume(s.topo.Queue, "", false, false, false, false, nil)
+			servicetest.Must(b, err, "consume")
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer ch.Close()
+				var last amqp.Delivery
+				n := 0
+				for {
+					select {
+					case d := <-deliveries:
+						last, n = d, n+1
+						mu.Lock()
+						total++
+						all := total == b.N
+						mu.Unlock()
+						if n == cfg.BatchSize {
+							if err := d.Ack(true); err != nil {
+								b.Error(err)
+								return
+							}
+							n = 0
+						}
+						if all {
+							close(done)
+						}
+					case <-done:
+						if n > 0 {
+							if err := last.Ack(true); err != nil {
+								b.Error(err)
+							}
+						}
+						return
+					}
+				}
+			}()
+		}
+		<-done
+		wg.Wait()
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		if got := s.depth(s.topo.Queue); got != 0 {
+			b.Fatalf("%d messages left", got)
+		}
+	})
+}
+
+// decided counts orders the consumer has committed.
+func decided(r *running) int {
+	return int(value(r.m.Orders.WithLabelValues("confirmed")) + value(r.m.Orders.WithLabelValues("redelivered")))
+}

@@ -1,0 +1,535 @@
+// Package consume takes orders off the RabbitMQ queue and hands them, in
+// batches per activity, to the MySQL store: claim in Redis, commit in MySQL,
+// ack, settle in Redis (docs/purchase-path.md, "Worker, one batch"). Nothing is
+// acked before its commit; a message that can never be processed goes to the
+// dead-letter queue once, with a reason; a lost connection is re-dialled with
+// back-off, the topology re-declared and the queue re-subscribed.
+package consume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/worker/internal/store"
+	"github.com/seckill/seckill/worker/internal/workermetrics"
+)
+
+// Config bounds the consumer.
+type Config struct {
+	URL      string
+	Topology broker.Topology
+	// Consumers channels, each with Prefetch unacked messages at most.
+	Consumers, Prefetch int
+	// BatchSize and BatchWait bound what one channel collects before writing.
+	BatchSize int
+	BatchWait time.Duration
+	// RetryMin and RetryMax bound the back-off while MySQL or Redis fail.
+	RetryMin, RetryMax time.Duration
+	// ReconnectMin and ReconnectMax bound the back-off between AMQP sessions.
+	ReconnectMin, ReconnectMax time.Duration
+	// ConfirmTimeout bounds the confirm of a dead-letter publish.
+	ConfirmTimeout time.Duration
+	// RedisTimeout bounds one claim or settle call.
+	RedisTimeout time.Duration
+	// ShutdownGrace bounds finishing the batches in hand after Run's context ends.
+	ShutdownGrace time.Duration
+	// Name labels the AMQP connection in the broker's tools.
+	Name string
+}
+
+// ConfigFrom derives the consumer's settings from the configuration file.
+func ConfigFrom(c conf.Config) Config {
+	host, _ := os.Hostname()
+	return Config{
+		URL:            c.RabbitMQ.URL,
+		Topology:       broker.TopologyFor(c.RabbitMQ),
+		Consumers:      c.Worker.Consumers,
+		Prefetch:       c.Worker.Prefetch,
+		BatchSize:      c.Worker.BatchSize,
+		BatchWait:      c.Worker.BatchWait.Duration,
+		RetryMin:       c.Worker.RetryMin.Duration,
+		RetryMax:       c.Worker.RetryMax.Duration,
+		ReconnectMin:   c.RabbitMQ.ReconnectMin.Duration,
+		ReconnectMax:   c.RabbitMQ.ReconnectMax.Duration,
+		ConfirmTimeout: c.RabbitMQ.ConfirmTimeout.Duration,
+		RedisTimeout:   c.Redis.ReadTimeout.Duration + c.Redis.WriteTimeout.Duration,
+		ShutdownGrace:  c.Worker.ShutdownGrace.Duration,
+		Name:           fmt.Sprintf("seckill-worker %s/%d", host, os.Getpid()),
+	}
+}
+
+// Reservations is what the consumer needs of the Redis side
+// (*reservation.Store).
+type Reservations interface {
+	Claim(ctx context.Context, activityID int64, orderIDs []string) ([]reservation.State, error)
+	Settle(ctx context.Context, activityID int64, orders []reservation.Settlement) (int64, error)
+}
+
+// Writer is what the consumer needs of MySQL (*store.Store).
+type Writer interface {
+	Write(ctx context.Context, activityID int64, orders []store.Order) ([]store.Outcome, error)
+}
+
+// Consumer is one worker process's consuming side.
+type Consumer struct {
+	cfg Config
+	res Reservations
+	w   Writer
+	m   *workermetrics.Metrics
+	log *slog.Logger
+
+	mu   sync.Mutex
+	conn *amqp.Connection // the consuming session's, nil between sessions
+}
+
+// New returns a consumer; Run starts it.
+func New(cfg Config, res Reservations, w Writer, m *workermetrics.Metrics, log *slog.Logger) *Consumer {
+	return &Consumer{cfg: cfg, res: res, w: w, m: m, log: log}
+}
+
+// ErrNotConsuming is Ready's answer between sessions.
+var ErrNotConsuming = errors.New("not connected to RabbitMQ")
+
+// Ready reports whether a session is consuming.
+func (c *Consumer) Ready() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == nil || c.conn.IsClosed() {
+		return ErrNotConsuming
+	}
+	return nil
+}
+
+func (c *Consumer) setConn(conn *amqp.Connection) {
+	c.mu.Lock()
+	c.conn = conn
+	c.mu.Unlock()
+}
+
+// Run consumes until ctx ends, then finishes the batches in hand (writes,
+// acks, settles them within ShutdownGrace) and closes. It returns nil after a
+// shutdown; connection failures are retried, never returned.
+func (c *Consumer) Run(ctx context.Context) error {
+	// work outlives ctx by the grace period, so that a batch in hand is
+	// finished rather than abandoned.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopGrace := context.AfterFunc(ctx, func() {
+		time.AfterFunc(c.cfg.ShutdownGrace, cancelWork)
+	})
+	defer stopGrace()
+
+	bo := newBackoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			c.m.Reconnects.Inc()
+		}
+		consumed, err := c.session(ctx, work)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if consumed {
+			bo.reset()
+		}
+		d := bo.next()
+		c.log.Warn("amqp session lost; reconnecting", "err", err, "in", d)
+		if !sleep(ctx, d) {
+			return nil
+		}
+	}
+}
+
+// session runs one connection: declare, subscribe, consume until the
+// connection fails or ctx ends. consumed reports that it got as far as
+// consuming.
+func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error) {
+	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Dial:       amqp.DefaultDial(5 * time.Second),
+		Properties: amqp.Table{"connection_name": c.cfg.Name},
+	})
+	if err != nil {
+		return false, fmt.Errorf("dial: %w", err)
+	}
+	defer conn.Close()
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	dl, err := newDeadLetterer(conn, c.cfg.Topology, c.cfg.ConfirmTimeout)
+	if err != nil {
+		return false, err
+	}
+
+	// Loops collect while sess lives. proc is the context of batch
+	// processing: it survives ctx by the grace period (work) and ends as soon
+	// as the session fails, since nothing in hand could be acked any more.
+	sess, stopSess := context.WithCancel(ctx)
+	proc, lost := context.WithCancel(work)
+	graceful := false
+	var wg sync.WaitGroup
+	defer func() {
+		stopSess()
+		if !graceful {
+			lost()
+		}
+		wg.Wait() // each loop finishes (or abandons) its batch in hand
+		lost()
+		c.setConn(nil)
+	}()
+	ended := make(chan struct{}, c.cfg.Consumers)
+	for i := range c.cfg.Consumers {
+		ch, err := conn.Channel()
+		if err != nil {
+			return false, fmt.Errorf("open channel %d: %w", i, err)
+		}
+		if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+			return false, fmt.Errorf("qos on channel %d: %w", i, err)
+		}
+		deliveries, err := ch.Consume(c.cfg.Topology.Queue, "", false, false, false, false, nil)
+		if err != nil {
+			return false, fmt.Errorf("consume %s on channel %d: %w", c.cfg.Topology.Queue, i, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.loop(sess, proc, ch, deliveries, dl)
+			ended <- struct{}{}
+		}()
+	}
+	c.setConn(conn)
+	c.log.Info("consuming", "queue", c.cfg.Topology.Queue, "channels", c.cfg.Consumers, "prefetch", c.cfg.Prefetch)
+
+	select {
+	case <-ctx.Done():
+		graceful = true
+		return true, nil
+	case e := <-closed:
+		if e == nil {
+			return true, errors.New("connection closed")
+		}
+		return true, e
+	case <-ended:
+		if ctx.Err() != nil { // a loop that stopped for the shutdown
+			graceful = true
+			return true, nil
+		}
+		// A channel failed (its deliveries ended); start over on a fresh
+		// connection rather than consume with fewer channels.
+		return true, errors.New("a consumer channel closed")
+	}
+}
+
+// loop collects batches from one channel and handles them one at a time, so
+// that when a batch is fully decided every earlier delivery of the channel is
+// too, and a multiple ack is valid.
+func (c *Consumer) loop(ctx, proc context.Context, ch *amqp.Channel, deliveries <-chan amqp.Delivery, dl *deadLetterer) {
+	defer ch.Close()
+	batch := make([]amqp.Delivery, 0, c.cfg.BatchSize)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		batch = batch[:0]
+		more := c.collect(ctx, deliveries, timer, &batch)
+		if len(batch) > 0 && !c.handle(proc, ch, batch, dl) {
+			return // some delivery undecided: stop before anything later is acked
+		}
+		if !more {
+			return
+		}
+	}
+}
+
+// collect appends up to BatchSize deliveries, waiting at most BatchWait after
+// the first. It reports false once the channel is closed or ctx ended.
+func (c *Consumer) collect(ctx context.Context, deliveries <-chan amqp.Delivery, timer *time.Timer, batch *[]amqp.Delivery) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	var wait <-chan time.Time
+	defer timer.Stop()
+	for len(*batch) < c.cfg.BatchSize {
+		select {
+		case d, ok := <-deliveries:
+			if !ok || ctx.Err() != nil {
+				// Once the shutdown began nothing more is taken in hand: d
+				// stays unacked and goes back to the queue when the channel
+				// closes.
+				return false
+			}
+			*batch = append(*batch, d)
+			if wait == nil {
+				timer.Reset(c.cfg.BatchWait)
+				wait = timer.C
+			}
+		case <-wait:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// group is the orders of one activity within a batch.
+type group struct {
+	activityID int64
+	tags       []uint64
+	orders     []store.Order
+	outcomes   []store.Outcome
+}
+
+// handle decides every delivery of a batch: dead-letters the invalid ones,
+// writes the rest per activity, acks what was decided, then settles Redis. It
+// reports whether every delivery was decided (and acked or rejected).
+func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Delivery, dl *deadLetterer) bool {
+	c.m.Deliveries.Add(float64(len(batch)))
+	var groups []*group
+	byID := map[int64]*group{}
+	var ackTags []uint64 // decided, to be acked
+	for _, d := range batch {
+		o, err := ordermsg.Decode(d.Body)
+		if err != nil {
+			if c.deadLetter(ctx, ch, d, err, dl) {
+				ackTags = append(ackTags, d.DeliveryTag)
+			}
+			continue
+		}
+		g := byID[o.ActivityID]
+		if g == nil {
+			g = &group{activityID: o.ActivityID}
+			byID[o.ActivityID] = g
+			groups = append(groups, g)
+		}
+		g.tags = append(g.tags, d.DeliveryTag)
+		g.orders = append(g.orders, store.Order{Order: o})
+	}
+
+	all := true
+	var done []*group
+	for _, g := range groups {
+		if ctx.Err() != nil || !c.write(ctx, g) {
+			all = false
+			break
+		}
+		done = append(done, g)
+		ackTags = append(ackTags, g.tags...)
+	}
+	acked := c.ack(ch, ackTags, all)
+	for _, g := range done {
+		c.settle(ctx, g)
+	}
+	return all && acked
+}
+
+// ack acks the decided tags: with one multiple ack of the highest when every
+// delivery of the batch is decided (all earlier ones of this channel are,
+// since batches are handled in order), one by one otherwise.
+func (c *Consumer) ack(ch *amqp.Channel, tags []uint64, all bool) bool {
+	if len(tags) == 0 {
+		return true
+	}
+	if all {
+		top := tags[0]
+		for _, t := range tags {
+			top = max(top, t)
+		}
+		if err := ch.Ack(top, true); err != nil {
+			c.log.Warn("ack failed; the batch will be redelivered and recognised", "err", err)
+			return false
+		}
+		return true
+	}
+	for _, t := range tags {
+		if err := ch.Ack(t, false); err != nil {
+			c.log.Warn("ack failed; the order will be redelivered and recognised", "err", err)
+			return false
+		}
+	}
+	return true
+}
+
+// write claims and commits one group, retrying with back-off while Redis or
+// MySQL fail. It reports false only when ctx ended first (shutdown grace over
+// or connection lost); nothing is then acked.
+func (c *Consumer) write(ctx context.Context, g *group) bool {
+	ids := make([]string, len(g.orders))
+	for i, o := range g.orders {
+		ids[i] = o.OrderID
+	}
+	bo := newBackoff(c.cfg.RetryMin, c.cfg.RetryMax)
+	claimed := false
+	for try := 1; ; try++ {
+		var err error
+		if !claimed {
+			var states []reservation.State
+			cctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
+			states, err = c.res.Claim(cctx, g.activityID, ids)
+			cancel()
+			if err == nil {
+				for i := range g.orders {
+					g.orders[i].Claim = states[i]
+				}
+				claimed = true
+			} else if ctx.Err() == nil {
+				c.m.Retries.WithLabelValues(workermetrics.CauseRedis).Inc()
+			}
+		}
+		if claimed {
+			g.outcomes, err = c.w.Write(ctx, g.activityID, g.orders)
+			if err == nil {
+				c.m.Batches.Inc()
+				c.m.BatchSize.Observe(float64(len(g.orders)))
+				for _, o := range g.outcomes {
+					c.m.Orders.WithLabelValues(o.Label()).Inc()
+				}
+				return true
+			}
+			if ctx.Err() == nil {
+				c.m.Retries.WithLabelValues(workermetrics.CauseMySQL).Inc()
+			}
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		d := bo.next()
+		c.log.Warn("batch not written; retrying", "activity", g.activityID, "orders", len(g.orders), "try", try, "in", d, "err", err)
+		if !sleep(ctx, d) {
+			return false
+		}
+	}
+}
+
+// settle applies a committed group's outcomes to Redis, retrying while Redis
+// fails until ctx ends; what is left then stays claimed, and the sweeper
+// settles it from MySQL.
+func (c *Consumer) settle(ctx context.Context, g *group) {
+	s := make([]reservation.Settlement, len(g.outcomes))
+	for i, o := range g.outcomes {
+		s[i] = o.Settlement()
+	}
+	bo := newBackoff(c.cfg.RetryMin, c.cfg.RetryMax)
+	for {
+		sctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
+		_, err := c.res.Settle(sctx, g.activityID, s)
+		cancel()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			c.log.Error("settle abandoned; the orders stay claimed in Redis until swept", "activity", g.activityID, "orders", len(s), "err", err)
+			return
+		}
+		c.m.Retries.WithLabelValues(workermetrics.CauseSettle).Inc()
+		d := bo.next()
+		c.log.Warn("settle failed; retrying", "activity", g.activityID, "orders", len(s), "in", d, "err", err)
+		if !sleep(ctx, d) {
+			c.log.Error("settle abandoned; the orders stay claimed in Redis until swept", "activity", g.activityID, "orders", len(s))
+			return
+		}
+	}
+}
+
+// deadLetter sends a delivery that can never be processed to the dead-letter
+// queue with the reason. It reports true when the republish was confirmed
+// (the caller acks the original); otherwise it rejected the original without
+// requeue, so the queue's own dead-letter exchange takes it: it never loops.
+func (c *Consumer) deadLetter(ctx context.Context, ch *amqp.Channel, d amqp.Delivery, cause error, dl *deadLetterer) bool {
+	reason := cause.Error()
+	if len(reason) > 255 {
+		reason = reason[:255]
+	}
+	err := dl.publish(ctx, d, reason)
+	if err == nil {
+		c.m.DeadLettered.WithLabelValues(workermetrics.DeadPublished).Inc()
+		c.log.Warn("message dead-lettered", "message_id", d.MessageId, "reason", reason)
+		return true
+	}
+	if nerr := ch.Nack(d.DeliveryTag, false, false); nerr != nil {
+		c.log.Error("dead-letter failed and reject failed; it will be redelivered", "message_id", d.MessageId, "err", err, "reject_err", nerr)
+		return false
+	}
+	c.m.DeadLettered.WithLabelValues(workermetrics.DeadRejected).Inc()
+	c.log.Warn("message rejected to the dead-letter exchange", "message_id", d.MessageId, "reason", reason, "publish_err", err)
+	return false
+}
+
+// deadLetterer republishes invalid messages on a confirm-mode channel of the
+// consuming connection; it also declares the topology.
+type deadLetterer struct {
+	mu      sync.Mutex
+	ch      *amqp.Channel
+	returns chan amqp.Return
+	topo    broker.Topology
+	timeout time.Duration
+}
+
+func newDeadLetterer(conn *amqp.Connection, topo broker.Topology, timeout time.Duration) (*deadLetterer, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	if err := topo.Declare(ch); err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return nil, fmt.Errorf("confirm mode: %w", err)
+	}
+	return &deadLetterer{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 4)), topo: topo, timeout: timeout}, nil
+}
+
+// publish republishes d to the dead-letter exchange (mandatory, persistent)
+// with the reason header and waits for the broker's confirm.
+func (dl *deadLetterer) publish(ctx context.Context, d amqp.Delivery, reason string) error {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	for len(dl.returns) > 0 { // a return of an earlier publish that timed out
+		<-dl.returns
+	}
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		headers[k] = v
+	}
+	headers[broker.DeadReasonHeader] = reason
+	ctx, cancel := context.WithTimeout(ctx, dl.timeout)
+	defer cancel()
+	dc, err := dl.ch.PublishWithDeferredConfirmWithContext(ctx, dl.topo.DeadExchange, dl.topo.DeadRoutingKey, true, false, amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		CorrelationId:   d.CorrelationId,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	})
+	if err != nil {
+		return fmt.Errorf("publish to %s: %w", dl.topo.DeadExchange, err)
+	}
+	acked, err := dc.WaitContext(ctx)
+	if err != nil {
+		return fmt.Errorf("confirm of dead-letter publish: %w", err)
+	}
+	if !acked {
+		return errors.New("dead-letter publish nacked by the broker")
+	}
+	// The broker sends a return before the confirm of the same publish.
+	select {
+	case r := <-dl.returns:
+		return fmt.Errorf("dead-letter publish returned: %d %s", r.ReplyCode, r.ReplyText)
+	default:
+	}
+	return nil
+}

@@ -1,0 +1,444 @@
+// Package store writes batches of orders of one activity to MySQL, the truth,
+// as docs/purchase-path.md ("Worker, one batch") prescribes: one READ COMMITTED
+// transaction per batch that skips redeliveries, records released orders as
+// failed, enforces the per-user limit from `purchases` (I2), inserts the rest
+// and ends with the conditional stock update (I1). When that guard fails the
+// batch is rolled back and split in halves until every order is decided.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/worker/internal/workermetrics"
+)
+
+// Failure reasons written to orders.reason.
+const (
+	ReasonSoldOut          = "sold_out"
+	ReasonLimitExceeded    = "limit_exceeded"
+	ReasonReleased         = "released"
+	ReasonActivityNotFound = "activity_not_found"
+)
+
+// Order is one order message with the state claim.lua found for it.
+type Order struct {
+	ordermsg.Order
+	Claim reservation.State
+}
+
+// Outcome is MySQL's decision on one order.
+type Outcome struct {
+	OrderID   string
+	UserID    string
+	Quantity  int64
+	Confirmed bool
+	Reason    string // set when not confirmed
+	// Redelivered: the order was in MySQL already; this is its stored outcome.
+	Redelivered bool
+}
+
+// Settlement is the outcome in the form settle.lua takes.
+func (o Outcome) Settlement() reservation.Settlement {
+	return reservation.Settlement{OrderID: o.OrderID, Confirmed: o.Confirmed, Reason: o.Reason,
+		Quantity: o.Quantity, UserID: o.UserID}
+}
+
+// Label is the metrics label of the outcome.
+func (o Outcome) Label() string {
+	switch {
+	case o.Redelivered:
+		return workermetrics.OutcomeRedelivered
+	case o.Confirmed:
+		return workermetrics.OutcomeConfirmed
+	}
+	return o.Reason
+}
+
+// Store runs batch transactions on a pool opened by schema.Open.
+type Store struct {
+	db       *sql.DB
+	m        *workermetrics.Metrics
+	timeout  time.Duration // bound of one transaction attempt
+	attempts int           // tries of one transaction on deadlock, lock wait timeout, duplicate key
+}
+
+// New returns a store over db; timeout bounds one transaction attempt
+// ([mysql] query_timeout).
+func New(db *sql.DB, m *workermetrics.Metrics, timeout time.Duration) *Store {
+	return &Store{db: db, m: m, timeout: timeout, attempts: 8}
+}
+
+// Write decides every order of one activity and returns their outcomes in the
+// order given. The orders are committed when it returns nil; on an error
+// nothing of the failing transaction is kept, and the whole call may be
+// repeated (redeliveries are recognised). An order id given twice gets one
+// decision, the second copy reported as a redelivery.
+func (s *Store) Write(ctx context.Context, activityID int64, orders []Order) ([]Outcome, error) {
+	uniq := make([]Order, 0, len(orders))
+	seen := make(map[string]bool, len(orders))
+	for _, o := range orders {
+		if o.ActivityID != activityID {
+			return nil, fmt.Errorf("write batch of activity %d: order %s belongs to activity %d", activityID, o.OrderID, o.ActivityID)
+		}
+		if !seen[o.OrderID] {
+			seen[o.OrderID] = true
+			uniq = append(uniq, o)
+		}
+	}
+	decided := make(map[string]Outcome, len(uniq))
+	if err := s.decide(ctx, activityID, uniq, decided); err != nil {
+		return nil, err
+	}
+	out := make([]Outcome, len(orders))
+	for i, o := range orders {
+		d, ok := decided[o.OrderID]
+		if !ok {
+			return nil, fmt.Errorf("write batch of activity %d: order %s left undecided", activityID, o.OrderID)
+		}
+		if seen[o.OrderID] {
+			seen[o.OrderID] = false
+		} else {
+			d.Redelivered = true
+		}
+		out[i] = d
+	}
+	return out, nil
+}
+
+// decide commits orders in one transaction or, when the stock guard fails,
+// splits them in halves; a single order that still fails is sold out.
+func (s *Store) decide(ctx context.Context, activityID int64, orders []Order, into map[string]Outcome) error {
+	res, guardFailed, err := s.tx(ctx, activityID, orders, false)
+	if err != nil {
+		return err
+	}
+	if guardFailed {
+		s.m.Splits.Inc()
+		if len(orders) == 1 {
+			res, guardFailed, err = s.tx(ctx, activityID, orders, true)
+			if err != nil {
+				return err
+			}
+			if guardFailed {
+				return fmt.Errorf("write order %s: stock guard failed with nothing to confirm", orders[0].OrderID)
+			}
+		} else {
+			half := len(orders) / 2
+			if err := s.decide(ctx, activityID, orders[:half], into); err != nil {
+				return err
+			}
+			return s.decide(ctx, activityID, orders[half:], into)
+		}
+	}
+	for _, o := range res {
+		into[o.OrderID] = o
+	}
+	return nil
+}
+
+// tx runs one batch transaction, repeating it on deadlock, lock wait timeout
+// and duplicate key (a concurrent insert of the same order id, seen as a
+// redelivery on the next try).
+func (s *Store) tx(ctx context.Context, activityID int64, orders []Order, soldOut bool) ([]Outcome, bool, error) {
+	for attempt := 1; ; attempt++ {
+		start := time.Now()
+		res, guardFailed, err := s.attempt(ctx, activityID, orders, soldOut)
+		s.m.TxSeconds.Observe(time.Since(start).Seconds())
+		cause, transient := transientCause(err)
+		if err == nil || !transient || attempt >= s.attempts || ctx.Err() != nil {
+			if err != nil {
+				return nil, false, fmt.Errorf("write %d orders of activity %d (try %d): %w", len(orders), activityID, attempt, err)
+			}
+			return res, guardFailed, nil
+		}
+		s.m.Retries.WithLabelValues(cause).Inc()
+		// A short random pause lets the winner of the lock commit.
+		t := time.NewTimer(time.Duration(1+rand.IntN(5*attempt)) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, false, fmt.Errorf("write %d orders of activity %d: %w", len(orders), activityID, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// MySQL error numbers after which the same transaction is simply run again.
+const (
+	erDupEntry        = 1062
+	erLockWaitTimeout = 1205
+	erLockDeadlock    = 1213
+)
+
+func transientCause(err error) (string, bool) {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return "", false
+	}
+	switch me.Number {
+	case erLockDeadlock:
+		return workermetrics.CauseDeadlock, true
+	case erLockWaitTimeout:
+		return workermetrics.CauseLockWait, true
+	case erDupEntry:
+		return workermetrics.CauseDuplicate, true
+	}
+	return "", false
+}
+
+// attempt is one try of the batch transaction. guardFailed reports that the
+// conditional stock update matched no row; the transaction was rolled back.
+// With soldOut every order that would be confirmed fails as sold out instead.
+func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, soldOut bool) (res []Outcome, guardFailed bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, false, fmt.Errorf("begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+
+	// 1. Redeliveries: the order is in MySQL already; report what it holds.
+	ids := make([]any, len(orders))
+	for i, o := range orders {
+		ids[i] = o.OrderID
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT order_id, user_id, quantity, status, COALESCE(reason, '') FROM orders WHERE order_id IN ("+marks(len(ids))+") FOR UPDATE", ids...)
+	if err != nil {
+		return nil, false, fmt.Errorf("select orders: %w", err)
+	}
+	stored := make(map[string]Outcome)
+	for rows.Next() {
+		var o Outcome
+		var status string
+		if err := rows.Scan(&o.OrderID, &o.UserID, &o.Quantity, &status, &o.Reason); err != nil {
+			rows.Close()
+			return nil, false, fmt.Errorf("scan orders: %w", err)
+		}
+		o.Confirmed, o.Redelivered = status == "confirmed", true
+		stored[o.OrderID] = o
+	}
+	// A deadlock or timeout can arrive while rows stream: Next then stops
+	// early and only Err tells, and the server has already rolled back.
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, false, fmt.Errorf("select orders: %w", err)
+	}
+	res = make([]Outcome, len(orders))
+	fresh := make([]int, 0, len(orders)) // indexes into orders of orders to insert
+	for i, o := range orders {
+		if st, ok := stored[o.OrderID]; ok {
+			res[i] = st
+		} else {
+			fresh = append(fresh, i)
+		}
+	}
+	if len(fresh) == 0 {
+		committed = true
+		if err := tx.Commit(); err != nil {
+			return nil, false, fmt.Errorf("commit: %w", err)
+		}
+		return res, false, nil
+	}
+
+	// 2. The sale and its per-user limit (a plain read: the hot row is locked last).
+	var limit int64
+	found := true
+	err = tx.QueryRowContext(ctx, "SELECT per_user_limit FROM activities WHERE id = ?", activityID).Scan(&limit)
+	if errors.Is(err, sql.ErrNoRows) {
+		found = false
+	} else if err != nil {
+		return nil, false, fmt.Errorf("select activity: %w", err)
+	}
+
+	// 3. Released and unknown-activity orders fail; the rest are candidates.
+	var candidates []int
+	for _, i := range fresh {
+		o := orders[i]
+		res[i] = Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity}
+		switch {
+		case o.Claim == reservation.Failed:
+			res[i].Reason = ReasonReleased
+		case !found:
+			res[i].Reason = ReasonActivityNotFound
+		case soldOut:
+			res[i].Reason = ReasonSoldOut
+		default:
+			candidates = append(candidates, i)
+		}
+	}
+
+	// 4. Per-user totals, locked in user-id order: the upsert materialises and
+	// X-locks each row (a missing row cannot be locked by a read under READ
+	// COMMITTED, so two batches could otherwise both start a user at 0).
+	var units int64
+	var users []string
+	added := map[string]int64{}
+	if len(candidates) > 0 {
+		for _, i := range candidates {
+			if _, ok := added[orders[i].UserID]; !ok {
+				added[orders[i].UserID] = 0
+				users = append(users, orders[i].UserID)
+			}
+		}
+		slices.Sort(users)
+		args := make([]any, 0, 2*len(users))
+		for _, u := range users {
+			args = append(args, activityID, u)
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
+			tuples(len(users), "(?, ?, 0)")+" ON DUPLICATE KEY UPDATE quantity = quantity", args...); err != nil {
+			return nil, false, fmt.Errorf("lock purchases: %w", err)
+		}
+		uargs := make([]any, 0, 1+len(users))
+		uargs = append(uargs, activityID)
+		for _, u := range users {
+			uargs = append(uargs, u)
+		}
+		rows, err := tx.QueryContext(ctx, "SELECT user_id, quantity FROM purchases WHERE activity_id = ? AND user_id IN ("+
+			marks(len(users))+") ORDER BY user_id FOR UPDATE", uargs...)
+		if err != nil {
+			return nil, false, fmt.Errorf("select purchases: %w", err)
+		}
+		held := make(map[string]int64, len(users))
+		for rows.Next() {
+			var u string
+			var q int64
+			if err := rows.Scan(&u, &q); err != nil {
+				rows.Close()
+				return nil, false, fmt.Errorf("scan purchases: %w", err)
+			}
+			held[u] = q
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return nil, false, fmt.Errorf("select purchases: %w", err)
+		}
+		for _, i := range candidates {
+			o := orders[i]
+			if held[o.UserID]+added[o.UserID]+o.Quantity > limit {
+				res[i].Reason = ReasonLimitExceeded
+				continue
+			}
+			added[o.UserID] += o.Quantity
+			units += o.Quantity
+			res[i].Confirmed = true
+		}
+	}
+
+	// 5. Every fresh order, in one statement.
+	args := make([]any, 0, 8*len(fresh))
+	for _, i := range fresh {
+		o, r := orders[i], res[i]
+		status, reason := "confirmed", any(nil)
+		if !r.Confirmed {
+			status, reason = "failed", r.Reason
+		}
+		key := any(nil)
+		if o.IdempotencyKey != "" {
+			key = o.IdempotencyKey
+		}
+		reservedAt := any(nil)
+		if o.ReservedAt > 0 {
+			reservedAt = ordermsg.Time(o.ReservedAt)
+		}
+		args = append(args, o.OrderID, activityID, o.UserID, o.Quantity, status, reason, key, reservedAt)
+	}
+	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (order_id, activity_id, user_id, quantity, status, reason, idempotency_key, reserved_at) VALUES "+
+		tuples(len(fresh), "(?, ?, ?, ?, ?, ?, ?, ?)"), args...); err != nil {
+		return nil, false, fmt.Errorf("insert orders: %w", err)
+	}
+
+	if units > 0 {
+		// 6. The users' new totals; rows of users who got nothing stay at 0
+		// and are removed, so purchases holds buyers only.
+		args = args[:0]
+		var zero []any
+		for _, u := range users {
+			if added[u] > 0 {
+				args = append(args, activityID, u, added[u])
+			}
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
+			tuples(len(args)/3, "(?, ?, ?)")+" ON DUPLICATE KEY UPDATE quantity = quantity + VALUES(quantity)", args...); err != nil {
+			return nil, false, fmt.Errorf("update purchases: %w", err)
+		}
+		for _, u := range users {
+			if added[u] == 0 {
+				zero = append(zero, u)
+			}
+		}
+		if err := dropZero(ctx, tx, activityID, zero); err != nil {
+			return nil, false, err
+		}
+
+		// 7. Last: the guard against oversell, on the hot row.
+		r, err := tx.ExecContext(ctx, "UPDATE activities SET stock = stock - ?, sold = sold + ? WHERE id = ? AND stock >= ?",
+			units, units, activityID, units)
+		if err != nil {
+			return nil, false, fmt.Errorf("update stock: %w", err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return nil, false, fmt.Errorf("update stock: %w", err)
+		}
+		if n == 0 {
+			return nil, true, nil // deferred rollback
+		}
+	} else if len(users) > 0 {
+		zero := make([]any, len(users))
+		for i, u := range users {
+			zero[i] = u
+		}
+		if err := dropZero(ctx, tx, activityID, zero); err != nil {
+			return nil, false, err
+		}
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		return nil, false, fmt.Errorf("commit: %w", err)
+	}
+	return res, false, nil
+}
+
+// dropZero removes the rows the lock step created for users who bought nothing.
+func dropZero(ctx context.Context, tx *sql.Tx, activityID int64, users []any) error {
+	if len(users) == 0 {
+		return nil
+	}
+	args := append([]any{activityID}, users...)
+	if _, err := tx.ExecContext(ctx, "DELETE FROM purchases WHERE activity_id = ? AND quantity = 0 AND user_id IN ("+marks(len(users))+")", args...); err != nil {
+		return fmt.Errorf("clean purchases: %w", err)
+	}
+	return nil
+}
+
+// marks returns n comma-separated placeholders.
+func marks(n int) string { return tuples(n, "?") }
+
+// tuples repeats t n times, comma-separated.
+func tuples(n int, t string) string {
+	var b strings.Builder
+	b.Grow(n * (len(t) + 2))
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(t)
+	}
+	return b.String()
+}
