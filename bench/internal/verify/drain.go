@@ -1,0 +1,219 @@
+package verify
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/internal/reservation"
+)
+
+// Drainer waits until a stack has processed every order of a sale: the order
+// queue holds no message (ready or unacknowledged) and Redis holds no pending
+// reservation of the activity.
+type Drainer struct {
+	DB      *sql.DB
+	Redis   redis.Cmdable
+	Prefix  string // [redis] key_prefix
+	AMQPURL string
+	// Queue and DeadQueue are the order queue and its dead-letter queue.
+	Queue, DeadQueue string
+	// Poll is the interval between checks (default 100ms).
+	Poll time.Duration
+	// Rabbitmqctl, when set, is run to read the unacknowledged count, which
+	// AMQP cannot report; empty skips that check. Its counts lag by the
+	// broker's statistics interval (5 s by default), so it is a second
+	// opinion: the drain's real criterion is ready = 0 and Redis pending = 0
+	// (a delivered, unsettled order is still pending in Redis).
+	Rabbitmqctl string
+}
+
+// DrainStatus is one observation.
+type DrainStatus struct {
+	Ready        int   `json:"queue_ready"`
+	Unacked      int   `json:"queue_unacked"` // -1: unknown
+	Dead         int   `json:"dead_lettered"`
+	Pending      int64 `json:"redis_pending"`
+	MySQLOrders  int64 `json:"mysql_orders"`
+	UnackedKnown bool  `json:"unacked_known"`
+}
+
+// DrainResult is the outcome of Wait.
+type DrainResult struct {
+	Drained bool          `json:"drained"`
+	Elapsed time.Duration `json:"-"`
+	Seconds float64       `json:"seconds"`
+	// Orders is how many orders MySQL gained while waiting; Rate per second.
+	Orders int64       `json:"orders"`
+	Rate   float64     `json:"orders_per_second"`
+	Start  DrainStatus `json:"start"`
+	Final  DrainStatus `json:"final"`
+	// Problem says why the wait stopped without a drain.
+	Problem string `json:"problem,omitempty"`
+}
+
+// Wait polls until drained or timeout; tick, when set, sees every observation.
+// It returns an error only when the services cannot be read at all.
+func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Duration, tick func(DrainStatus, time.Duration)) (DrainResult, error) {
+	poll := d.Poll
+	if poll <= 0 {
+		poll = 100 * time.Millisecond
+	}
+	conn, err := amqp.Dial(d.AMQPURL)
+	if err != nil {
+		return DrainResult{}, fmt.Errorf("drain: connect to rabbitmq: %w", err)
+	}
+	defer conn.Close()
+	q := &queueReader{conn: conn}
+	defer q.close()
+
+	start := time.Now()
+	deadline := start.Add(timeout)
+	var res DrainResult
+	first := true
+	for {
+		st, err := d.observe(ctx, q, activityID)
+		if err != nil {
+			return res, err
+		}
+		if first {
+			res.Start, first = st, false
+		}
+		res.Final = st
+		elapsed := time.Since(start)
+		if tick != nil {
+			tick(st, elapsed)
+		}
+		if st.Ready == 0 && st.Pending == 0 {
+			unacked, known, err := d.unacked(ctx)
+			if err != nil {
+				res.Problem = err.Error()
+			}
+			res.Final.Unacked, res.Final.UnackedKnown = unacked, known
+			if !known || unacked == 0 {
+				res.Drained = true
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			res.Problem = fmt.Sprintf("not drained after %s: %d ready, %d pending in Redis", timeout, st.Ready, st.Pending)
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(poll):
+		}
+	}
+	res.Elapsed = time.Since(start)
+	res.Seconds = res.Elapsed.Seconds()
+	res.Orders = res.Final.MySQLOrders - res.Start.MySQLOrders
+	if res.Seconds > 0 {
+		res.Rate = float64(res.Orders) / res.Seconds
+	}
+	return res, nil
+}
+
+func (d *Drainer) observe(ctx context.Context, q *queueReader, id int64) (DrainStatus, error) {
+	st := DrainStatus{Unacked: -1}
+	var err error
+	if st.Ready, err = q.ready(d.Queue); err != nil {
+		return st, err
+	}
+	if d.DeadQueue != "" {
+		if st.Dead, err = q.ready(d.DeadQueue); err != nil {
+			return st, err
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	s, err := d.Redis.HGet(cctx, reservation.KeysFor(d.Prefix, id).Meta, "pending").Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+	case err != nil:
+		return st, fmt.Errorf("drain: read pending: %w", err)
+	default:
+		st.Pending, _ = strconv.ParseInt(s, 10, 64)
+	}
+	if err := d.DB.QueryRowContext(cctx, "SELECT COUNT(*) FROM orders WHERE activity_id = ?", id).Scan(&st.MySQLOrders); err != nil {
+		return st, fmt.Errorf("drain: count orders: %w", err)
+	}
+	return st, nil
+}
+
+// unacked asks rabbitmqctl for the queue's unacknowledged messages.
+func (d *Drainer) unacked(ctx context.Context) (int, bool, error) {
+	if d.Rabbitmqctl == "" {
+		return -1, false, nil
+	}
+	vhost := "/"
+	if u, err := url.Parse(d.AMQPURL); err == nil && u.Path != "" && u.Path != "/" {
+		vhost = strings.TrimPrefix(u.Path, "/")
+		if v, err := url.PathUnescape(vhost); err == nil {
+			vhost = v
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, d.Rabbitmqctl, "list_queues", "-p", vhost, "--quiet", "--no-table-headers",
+		"name", "messages_unacknowledged").Output()
+	if err != nil {
+		return -1, false, fmt.Errorf("rabbitmqctl list_queues: %w", err)
+	}
+	return parseUnacked(string(out), d.Queue)
+}
+
+func parseUnacked(out, queue string) (int, bool, error) {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == queue {
+			n, err := strconv.Atoi(f[1])
+			if err != nil {
+				return -1, false, fmt.Errorf("rabbitmqctl: bad count in %q", line)
+			}
+			return n, true, nil
+		}
+	}
+	return -1, false, fmt.Errorf("rabbitmqctl: queue %s not listed", queue)
+}
+
+// queueReader reads queue depths with passive declares; a failed declare
+// closes the channel, so it reopens one when needed.
+type queueReader struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+}
+
+func (q *queueReader) ready(name string) (int, error) {
+	if q.ch == nil || q.ch.IsClosed() {
+		ch, err := q.conn.Channel()
+		if err != nil {
+			return 0, fmt.Errorf("drain: open channel: %w", err)
+		}
+		q.ch = ch
+	}
+	st, err := q.ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return 0, fmt.Errorf("drain: queue %s does not exist (is the backend running with this [rabbitmq] prefix?)", name)
+		}
+		return 0, fmt.Errorf("drain: inspect queue %s: %w", name, err)
+	}
+	return st.Messages, nil
+}
+
+func (q *queueReader) close() {
+	if q.ch != nil {
+		_ = q.ch.Close()
+	}
+}

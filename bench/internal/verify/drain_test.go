@@ -1,0 +1,106 @@
+package verify
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+// drainFixture declares a real order queue, puts n messages in it and sets
+// the activity's pending count in Redis.
+func drainFixture(t *testing.T, n int, pending int64) (*Drainer, *amqp.Channel) {
+	t.Helper()
+	rc := conf.Default().RabbitMQ
+	rc.URL = servicetest.AMQPURL()
+	probe := broker.TopologyFor(rc)
+	suffix := func(names []string) []string {
+		out := make([]string, len(names))
+		for i, s := range names {
+			out[i] = strings.TrimPrefix(s, rc.Prefix)
+		}
+		return out
+	}
+	rc.Prefix = servicetest.AMQPPrefix(t, suffix(probe.QueueNames()), suffix(probe.ExchangeNames()))
+	topo := broker.TopologyFor(rc)
+	conn, err := amqp.Dial(rc.URL)
+	servicetest.Must(t, err, "dial")
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	servicetest.Must(t, err, "channel")
+	servicetest.Must(t, topo.Declare(ch), "declare")
+	servicetest.Must(t, ch.Confirm(false), "confirm mode")
+	for i := 0; i < n; i++ {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), topo.Exchange, topo.RoutingKey, true, false,
+			amqp.Publishing{Body: []byte(`{}`), DeliveryMode: amqp.Persistent})
+		servicetest.Must(t, err, "publish")
+		if ok, err := dc.WaitContext(context.Background()); err != nil || !ok {
+			t.Fatalf("publish not confirmed: %v", err)
+		}
+	}
+	rdb, prefix := servicetest.Redis(t)
+	rdb.HSet(context.Background(), reservation.KeysFor(prefix, actID).Meta, "total", 10, "pending", pending)
+	d := &Drainer{DB: openDB(t), Redis: rdb, Prefix: prefix, AMQPURL: rc.URL, Queue: topo.Queue,
+		DeadQueue: topo.DeadQueue, Poll: 20 * time.Millisecond}
+	return d, ch
+}
+
+// The drain waits for both the queue and Redis, and measures what MySQL
+// gained meanwhile.
+func TestDrainWaitsForQueueAndPending(t *testing.T) {
+	d, ch := drainFixture(t, 3, 2)
+	go func() {
+		// A "worker": takes the messages, writes orders, settles Redis.
+		time.Sleep(150 * time.Millisecond)
+		for i := 0; i < 3; i++ {
+			for {
+				if m, ok, err := ch.Get(d.Queue, false); err == nil && ok {
+					_ = m.Ack(false)
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			_, _ = d.DB.Exec("INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES (?, ?, 'u', 1, 'confirmed')",
+				"d"+string(rune('a'+i)), actID)
+		}
+		time.Sleep(100 * time.Millisecond)
+		d.Redis.HSet(context.Background(), reservation.KeysFor(d.Prefix, actID).Meta, "pending", 0)
+	}()
+	res, err := d.Wait(context.Background(), actID, 20*time.Second, nil)
+	servicetest.Must(t, err, "wait")
+	if !res.Drained || res.Problem != "" {
+		t.Fatalf("not drained: %+v", res)
+	}
+	if res.Start.Ready != 3 || res.Start.Pending != 2 {
+		t.Errorf("first observation %+v, want 3 ready, 2 pending", res.Start)
+	}
+	if res.Orders != 3 || res.Rate <= 0 || res.Elapsed < 250*time.Millisecond {
+		t.Errorf("orders %d rate %.1f after %s", res.Orders, res.Rate, res.Elapsed)
+	}
+}
+
+// A queue that never drains ends the wait at the timeout, with the reason.
+func TestDrainTimeout(t *testing.T) {
+	d, _ := drainFixture(t, 1, 1)
+	res, err := d.Wait(context.Background(), actID, 300*time.Millisecond, nil)
+	servicetest.Must(t, err, "wait")
+	if res.Drained || !strings.Contains(res.Problem, "1 ready, 1 pending") {
+		t.Errorf("got %+v", res)
+	}
+}
+
+func TestDrainMissingQueue(t *testing.T) {
+	d, _ := drainFixture(t, 0, 0)
+	d.Queue = d.Queue + ".nope"
+	_, err := d.Wait(context.Background(), actID, time.Second, nil)
+	if err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("got %v", err)
+	}
+}
