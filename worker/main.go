@@ -2,7 +2,8 @@
 // RabbitMQ, writes them to MySQL in batches and settles them in Redis. It
 // serves /healthz, /readyz and /metrics on [worker] listen.
 //
-//	worker [-config PATH]    run a fleet member
+//	worker [-config PATH]                     run a fleet member
+//	worker reconcile [-force] [-config PATH]  one reconciliation pass, printed
 package main
 
 import (
@@ -16,19 +17,25 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/lua"
 	"github.com/seckill/seckill/worker/internal/consume"
+	"github.com/seckill/seckill/worker/internal/reconcile"
 	"github.com/seckill/seckill/worker/internal/store"
+	"github.com/seckill/seckill/worker/internal/sweep"
 	"github.com/seckill/seckill/worker/internal/workermetrics"
 )
 
@@ -47,11 +54,19 @@ func main() {
 // run picks the subcommand: a first argument that is not a flag names one;
 // without one the process runs as a fleet member.
 func run(ctx context.Context, args []string) error {
+	command := ""
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
-		return fmt.Errorf("unknown command %q (usage: worker [-config PATH])", args[0])
+		command, args = args[0], args[1:]
+		if command != "reconcile" {
+			return fmt.Errorf("unknown command %q (usage: worker [reconcile [-force]] [-config PATH])", command)
+		}
 	}
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	path := fs.String("config", conf.DefaultPath, "configuration file")
+	force := false
+	if command == "reconcile" {
+		fs.BoolVar(&force, "force", false, "sync every sale exactly under MySQL's row lock")
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -63,7 +78,32 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "worker")
+	if command == "reconcile" {
+		return reconcileOnce(ctx, cfg, log, force)
+	}
 	return fleet(ctx, cfg, log)
+}
+
+// reconcileOnce runs one pass and prints a line per sale.
+func reconcileOnce(ctx context.Context, cfg conf.Config, log *slog.Logger, force bool) error {
+	rdb := redis.NewClient(cfg.Redis.Options())
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := lua.Preload(ctx, rdb); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	db, err := schema.Open(ctx, cfg.MySQL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rec := reconcile.New(db, reservation.New(rdb, cfg.Redis.KeyPrefix), log, nil, cfg.MySQL.QueryTimeout.Duration)
+	reports, err := rec.Pass(ctx, force)
+	for _, r := range reports {
+		fmt.Println(r)
+	}
+	return err
 }
 
 // fleet wires the clients and packages of a fleet member and blocks until ctx
@@ -84,10 +124,22 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 
 	reg := metrics.NewRegistry()
 	m := workermetrics.New(reg)
-	consumer := consume.New(consume.ConfigFrom(cfg),
-		reservation.New(rdb, cfg.Redis.KeyPrefix),
-		store.New(db, m, cfg.MySQL.QueryTimeout.Duration),
-		m, log)
+	sales := reservation.New(rdb, cfg.Redis.KeyPrefix)
+	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), m, log)
+
+	// The sweeper and the reconciler run beside the consumer until ctx ends.
+	var side sync.WaitGroup
+	side.Add(2)
+	go func() {
+		defer side.Done()
+		sweepLoop(ctx, cfg, rdb, sales, db, reg, log)
+	}()
+	go func() {
+		defer side.Done()
+		reconcile.New(db, sales, log, reconcile.NewMetrics(reg), cfg.MySQL.QueryTimeout.Duration).
+			Run(ctx, cfg.Worker.ReconcileInterval.Duration)
+	}()
+	defer side.Wait()
 
 	ln, err := net.Listen("tcp", cfg.Worker.Listen)
 	if err != nil {
@@ -118,6 +170,38 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	}
 	log.Info("worker stopped")
 	return cerr
+}
+
+// sweepLoop runs the sweeper with its own confirming publisher (a connection
+// apart from the consumer's), retrying while the broker is unreachable.
+func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *reservation.Store, db *sql.DB, reg *prometheus.Registry, log *slog.Logger) {
+	host, _ := os.Hostname()
+	instance := host + ":" + strconv.Itoa(os.Getpid())
+	pm := broker.NewPublisherMetrics(reg, "seckill_worker")
+	backoff := cfg.RabbitMQ.ReconnectMin.Duration
+	for {
+		pub, err := broker.NewPublisher(ctx, broker.PublisherConfigFrom(cfg.RabbitMQ, "seckill-sweeper "+instance), log, pm)
+		if err == nil {
+			s := sweep.New(sweep.Config{
+				Interval:       cfg.Worker.SweepInterval.Duration,
+				RepublishAfter: cfg.Worker.RepublishAfter.Duration,
+				QueryTimeout:   cfg.MySQL.QueryTimeout.Duration,
+				Instance:       instance,
+			}, rdb, sales, db, pub, log)
+			err = s.Run(ctx)
+			_ = pub.Close()
+			if err == nil {
+				return
+			}
+		}
+		log.Warn("sweeper", "err", err, "retry_in", backoff.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, cfg.RabbitMQ.ReconnectMax.Duration)
+	}
 }
 
 // admin serves /healthz (the process runs), /readyz (Redis, RabbitMQ and
