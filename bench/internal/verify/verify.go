@@ -137,7 +137,9 @@ func (c *Checker) Check(ctx context.Context, in Input) (Verdict, error) {
 			v.FailedOrders++
 			v.FailReasons[o.reason]++
 		}
-		if o.key != "" {
+		// An order released after a failed publish was answered 503 (nothing
+		// kept), so the client's retry with the same key is a new attempt.
+		if o.key != "" && !(o.status == "failed" && o.reason == "released") {
 			k := o.user + "\x00" + o.key
 			byKey[k] = append(byKey[k], o.id)
 		}

@@ -132,6 +132,16 @@ func TestCheck(t *testing.T) {
 		want:    Verdict{Sold: 8, Stock: 10, Duplicates: 2},
 		reasons: []string{"idempotency keys that produced two or more orders in MySQL: u2:k2 -> o2,o2bis", "a retried Idempotency-Key got a different order id: u2:k2"},
 	}, {
+		name: "a key reused after a released (503) order is no duplicate",
+		break_: func(t *testing.T, f *fixture) {
+			// u2's first attempt with k2 was released after a failed publish and
+			// answered 503; its message still reached a worker, which recorded it
+			// failed. The retry with the same key is a new attempt.
+			f.order(t, "o2rel", "u2", "k2", 1, "failed", "released")
+			f.input.Accepted = f.input.Accepted[:len(f.input.Accepted)-1] // answered 503, not 202
+		},
+		want: Verdict{OK: true, Sold: 7, Stock: 10},
+	}, {
 		name: "lost accepted order",
 		break_: func(t *testing.T, f *fixture) {
 			f.input.Accepted = append(f.input.Accepted, Accepted{OrderID: "ghost", UserID: "u9", Key: "k9"})
