@@ -77,7 +77,15 @@ func run(ctx context.Context, args []string) error {
 
 	// Packages.
 	store := reservation.New(rdb, cfg.Redis.KeyPrefix)
-	svc := sale.New(store, db, pub, sale.Config{
+	var orders sale.Publisher = pub
+	if n, err := crashAfterReserve(); err != nil {
+		return err
+	} else if n > 0 {
+		log.Warn("test hook armed: the process exits after this many reservations, before publishing",
+			"env", envCrashAfterReserve, "n", n)
+		orders = &crashingPublisher{next: pub, after: n}
+	}
+	svc := sale.New(store, db, orders, sale.Config{
 		ReservationTTL: cfg.Backend.ReservationTTL.Duration,
 		RedisTimeout:   cfg.Backend.RedisTimeout.Duration,
 		PublishTimeout: cfg.Backend.PublishTimeout.Duration,

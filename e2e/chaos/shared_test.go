@@ -1,0 +1,204 @@
+package chaos
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/e2e/internal/stack"
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+// Fault 3a: rabbitmqctl close_all_connections, twice mid-sale. Publishers
+// treat what was outstanding as unconfirmed (release → 503, or 202 when a
+// worker already claimed it), reconnect; consumers re-subscribe; the broker
+// redelivers what was unacked.
+func TestRabbitCloseAllConnections(t *testing.T) {
+	shared(t)
+	s := stack.New(t, stack.Options{Backends: 2, Workers: 3, Config: stack.Fast("")})
+	sale := s.CreateSale(t, saleID(), 1200, 2) // the crowd never sells out: the fault lands mid-sale
+	c := stack.NewCrowd(sale, 500, 3, "cac")
+	c.Spread = 4 * time.Second
+	during(t, s, c, func() {
+		for i := range 2 {
+			midSale(c, 0.1+float64(i)*0.35, 0.35+float64(i)*0.35)
+			run(t, "rabbitmqctl", "close_all_connections", "seckill chaos test")
+		}
+	})
+	if u := c.Unexpected(true); len(u) > 0 {
+		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
+	}
+	finish(t, s, "rabbitmq close_all_connections ×2", sale, c)
+}
+
+// Fault 3b: RabbitMQ stop_app for 2s mid-sale, then start_app.
+func TestRabbitStopStartApp(t *testing.T) {
+	shared(t)
+	t.Cleanup(func() { healRabbit(t) })
+	s := stack.New(t, stack.Options{Backends: 2, Workers: 3, Config: stack.Fast("")})
+	sale := s.CreateSale(t, saleID(), 1200, 2)
+	c := stack.NewCrowd(sale, 500, 3, "ssa")
+	c.Spread = 6 * time.Second
+	during(t, s, c, func() {
+		midSale(c, 0.15, 0.4)
+		run(t, "rabbitmqctl", "stop_app")
+		time.Sleep(2 * time.Second)
+		healRabbit(t)
+	})
+	if u := c.Unexpected(true); len(u) > 0 {
+		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
+	}
+	if a := c.Answers(); a["503 unavailable"] == 0 {
+		t.Errorf("no 503 while the broker was stopped: the fault missed the sale (%v)", a)
+	}
+	finish(t, s, "rabbitmq stop_app/start_app", sale, c)
+}
+
+func healRabbit(t *testing.T) {
+	if amqpUp() {
+		return
+	}
+	_ = exec.Command("rabbitmqctl", "start_app").Run()
+	_ = exec.Command("rabbitmqctl", "await_startup").Run()
+	deadline := time.Now().Add(2 * time.Minute)
+	for !amqpUp() {
+		if time.Now().After(deadline) {
+			t.Errorf("RabbitMQ did not come back within 2m")
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Fault 4b: FLUSHDB of the sale's Redis database (db 9, used by no other
+// test), twice mid-sale. The backend rebuilds the sale from MySQL (single
+// flight) and must never answer 404 or sold out meanwhile: the crowd asks
+// for fewer units than the stock, so "sold out" would be a lie. Orders in
+// flight settle against MySQL's guard; the reconciler repairs the counters.
+func TestRedisFlushDB(t *testing.T) {
+	shared(t)
+	s := stack.New(t, stack.Options{Backends: 2, Workers: 3, RedisDB: 9, Config: stack.Fast("")})
+	s.RedisLost = true
+	sale := s.CreateSale(t, saleID(), 1000, 1)
+	c := stack.NewCrowd(sale, 600, 2, "fdb") // at most 600 units wanted of 1000
+	c.Spread = 4 * time.Second
+	during(t, s, c, func() {
+		for i := range 2 {
+			midSale(c, 0.1+float64(i)*0.4, 0.4+float64(i)*0.4)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			servicetest.Must(t, s.Redis.FlushDB(ctx).Err(), "FLUSHDB")
+			cancel()
+		}
+	})
+	for _, a := range c.Attempts {
+		for _, x := range a.Answers {
+			if strings.HasPrefix(x, "404") || x == "409 sold_out" || x == "409 insufficient_stock" {
+				t.Errorf("%s key %s: %s while most of the stock was left (answers %v)", a.User, a.Key, x, a.Answers)
+			}
+		}
+	}
+	if u := c.Unexpected(false); len(u) > 0 {
+		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
+	}
+	finish(t, s, "redis FLUSHDB ×2", sale, c)
+}
+
+// Fault 4c: CLIENT PAUSE for 3s, far beyond the backend's 200ms Redis timeout
+// and the client's 500ms read timeout. Requests meanwhile get 503 (nothing
+// kept) and are retried; nothing is lost or double-sold.
+func TestRedisClientPause(t *testing.T) {
+	shared(t)
+	s := stack.New(t, stack.Options{Backends: 2, Workers: 3, Config: stack.Fast("")})
+	unpause := func() {
+		opt, err := redis.ParseURL(servicetest.RedisURL())
+		if err != nil {
+			return
+		}
+		r := redis.NewClient(opt)
+		defer r.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = r.Do(ctx, "CLIENT", "UNPAUSE").Err()
+	}
+	t.Cleanup(unpause)
+	sale := s.CreateSale(t, saleID(), 1200, 2)
+	c := stack.NewCrowd(sale, 500, 3, "cp")
+	c.Spread = 5 * time.Second
+	during(t, s, c, func() {
+		midSale(c, 0.15, 0.4)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		servicetest.Must(t, s.Redis.Do(ctx, "CLIENT", "PAUSE", 3000, "ALL").Err(), "CLIENT PAUSE")
+		cancel()
+		time.Sleep(3 * time.Second)
+		unpause()
+	})
+	if u := c.Unexpected(true); len(u) > 0 {
+		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
+	}
+	n503 := c.Answers()["503 unavailable"]
+	if n503 == 0 {
+		t.Errorf("no 503 during a 3s pause: the fault missed the sale")
+	}
+	t.Logf("%d answers were 503 during the pause", n503)
+	finish(t, s, "redis CLIENT PAUSE 3s", sale, c)
+}
+
+// Fault 5: MariaDB restarted while the workers drain a backlog. Workers stop
+// acking, back off and resume; nothing is acked before its commit.
+func TestMariaDBRestartMidDrain(t *testing.T) {
+	shared(t)
+	t.Cleanup(func() { startMariaDB(t) })
+	s := stack.New(t, stack.Options{Backends: 2, Workers: 2, NoStartWorkers: true,
+		Config: stack.Fast("consumers = 1\nprefetch = 20\nbatch_size = 5")})
+	sale := s.CreateSale(t, saleID(), 400, 2)
+	c := stack.NewCrowd(sale, 400, 3, "mdb")
+	c.Run(s, s.Backends) // the backlog: nothing is consumed yet
+	s.StartWorkers(t)
+	stack.WaitFor(t, "the drain under way", time.Minute, func() bool {
+		var n int
+		_ = s.DB.QueryRow("SELECT COUNT(*) FROM orders WHERE activity_id = ?", sale.ID).Scan(&n)
+		return n >= 20
+	})
+	depth, err := s.QueueDepth(t)
+	servicetest.Must(t, err, "queue depth")
+	if depth == 0 {
+		t.Fatalf("the backlog drained before the restart; the fault would test nothing")
+	}
+	t.Logf("restarting MariaDB with %d messages ready", depth)
+	out, err := exec.Command("mariadb-admin", "--protocol=tcp", "-h127.0.0.1", "-uroot", "shutdown").CombinedOutput()
+	servicetest.Must(t, err, "mariadb-admin shutdown: %s", out)
+	stack.WaitFor(t, "MariaDB down", time.Minute, func() bool { return !mariaDBUp() })
+	time.Sleep(time.Second)
+	startMariaDB(t)
+	finish(t, s, "mariadb restart mid-drain", sale, c)
+}
+
+func mariaDBUp() bool {
+	out, _ := exec.Command("mariadb-admin", "--protocol=tcp", "-h127.0.0.1", "-uroot", "--connect-timeout=2", "ping").CombinedOutput()
+	return strings.Contains(string(out), "is alive")
+}
+
+// startMariaDB starts mariadbd the way scripts/services.sh does, when it is
+// not running, and waits until it answers.
+func startMariaDB(t *testing.T) {
+	if mariaDBUp() {
+		return
+	}
+	_ = exec.Command("install", "-d", "-o", "mysql", "-g", "mysql", "-m", "0755", "/run/mysqld").Run()
+	if out, err := exec.Command("start-stop-daemon", "--start", "--oknodo", "--background",
+		"--exec", "/usr/sbin/mariadbd", "--", "--user=mysql").CombinedOutput(); err != nil {
+		t.Errorf("start mariadbd: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for !mariaDBUp() {
+		if time.Now().After(deadline) {
+			t.Errorf("MariaDB did not come back within 2m")
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,217 @@
+package stack
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Attempt is one purchase (with its retries) and what it finally got.
+type Attempt struct {
+	User, Key string // Key "" sends no Idempotency-Key
+	Qty       int64
+	Status    int    // final HTTP status; 0: only transport errors
+	Code      string // the "code" of an error body
+	OrderID   string
+	Tries     int
+	// Answers lists every answer in order: "202", "409 sold_out", "503
+	// unavailable", "error" (transport).
+	Answers []string
+}
+
+// Crowd is a list of attempts against a sale.
+type Crowd struct {
+	Sale     Sale
+	Attempts []*Attempt
+	// Retries of one attempt after a transport error or 503 (same key, next
+	// backend), as a real client would.
+	Retries int
+	// Workers is the number of concurrent clients (64 when 0).
+	Workers int
+	// Spread, when set, paces the attempts evenly over this long, so that a
+	// fault injected meanwhile lands mid-sale.
+	Spread time.Duration
+
+	done atomic.Int64
+}
+
+// NewCrowd makes users × perUser attempts, every fourth user asking for the
+// limit at first, some retrying an earlier Idempotency-Key, shuffled.
+func NewCrowd(sale Sale, users, perUser int, tag string) *Crowd {
+	c := &Crowd{Sale: sale, Retries: 8}
+	for u := range users {
+		user := fmt.Sprintf("%s-user-%04d", tag, u)
+		for k := range perUser {
+			a := &Attempt{User: user, Qty: 1, Key: fmt.Sprintf("%s-k%d", user, k%3)}
+			if k == 0 && u%4 == 0 {
+				a.Qty = sale.Limit
+			}
+			c.Attempts = append(c.Attempts, a)
+		}
+	}
+	rand.Shuffle(len(c.Attempts), func(i, j int) { c.Attempts[i], c.Attempts[j] = c.Attempts[j], c.Attempts[i] })
+	return c
+}
+
+// Done is how many attempts have finished.
+func (c *Crowd) Done() int { return int(c.done.Load()) }
+
+// Run fires the attempts at the backends (round robin) and returns when all
+// are answered.
+func (c *Crowd) Run(s *Stack, backends []*Proc) {
+	c.run(s.HTTP, backends, c.Attempts)
+}
+
+func (c *Crowd) run(client *http.Client, backends []*Proc, attempts []*Attempt) {
+	workers := c.Workers
+	if workers == 0 {
+		workers = 64
+	}
+	var gap time.Duration
+	if c.Spread > 0 && len(attempts) > 0 {
+		gap = c.Spread / time.Duration(len(attempts))
+	}
+	start := time.Now()
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				c.attempt(client, backends, i, attempts[i])
+				c.done.Add(1)
+			}
+		}()
+	}
+	for i := range attempts {
+		if gap > 0 {
+			if d := time.Until(start.Add(time.Duration(i) * gap)); d > 0 {
+				time.Sleep(d)
+			}
+		}
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+}
+
+func (c *Crowd) attempt(client *http.Client, backends []*Proc, i int, a *Attempt) {
+	for try := 0; try <= c.Retries; try++ {
+		a.Tries++
+		b := backends[(i+try)%len(backends)]
+		status, code, id, err := purchase(client, b.URL(), c.Sale.ID, a)
+		a.Status, a.Code, a.OrderID = status, code, id
+		if err != nil {
+			a.Answers = append(a.Answers, "error")
+		} else if code != "" {
+			a.Answers = append(a.Answers, fmt.Sprintf("%d %s", status, code))
+		} else {
+			a.Answers = append(a.Answers, fmt.Sprint(status))
+		}
+		retry := err != nil || status == http.StatusServiceUnavailable || status == http.StatusBadGateway
+		if !retry || a.Key == "" {
+			return
+		}
+		time.Sleep(time.Duration(50+rand.IntN(100)) * time.Millisecond)
+	}
+}
+
+func purchase(client *http.Client, base string, activity int64, a *Attempt) (int, string, string, error) {
+	body, _ := json.Marshal(map[string]int64{"quantity": a.Qty})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("%s/api/v1/activities/%d/purchase", base, activity), bytes.NewReader(body))
+	if err != nil {
+		return 0, "", "", err
+	}
+	req.Header.Set("X-User-ID", a.User)
+	req.Header.Set("Content-Type", "application/json")
+	if a.Key != "" {
+		req.Header.Set("Idempotency-Key", a.Key)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", "", err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		OrderID string `json:"order_id"`
+		Code    string `json:"code"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return resp.StatusCode, "not_json", "", nil
+	}
+	if resp.StatusCode == http.StatusAccepted && out.OrderID == "" {
+		return resp.StatusCode, "no_order_id", "", nil
+	}
+	return resp.StatusCode, out.Code, out.OrderID, nil
+}
+
+// Accepted returns the attempts answered 202.
+func (c *Crowd) Accepted() []*Attempt {
+	var out []*Attempt
+	for _, a := range c.Attempts {
+		if a.Status == http.StatusAccepted {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Answers counts every answer given (retries included), e.g. "202": 310.
+func (c *Crowd) Answers() map[string]int {
+	m := map[string]int{}
+	for _, a := range c.Attempts {
+		for _, x := range a.Answers {
+			m[x]++
+		}
+	}
+	return m
+}
+
+// Unexpected lists final answers outside the contract of a sale under
+// faults: 202, 409 sold_out / limit_exceeded / insufficient_stock, 503
+// unavailable (after the retries ran out), and transport errors only when
+// allowErrors.
+func (c *Crowd) Unexpected(allowErrors bool) []string {
+	var out []string
+	for _, a := range c.Attempts {
+		for _, x := range a.Answers {
+			switch x {
+			case "202", "409 sold_out", "409 limit_exceeded", "409 insufficient_stock", "503 unavailable":
+				continue
+			case "error":
+				if allowErrors {
+					continue
+				}
+			}
+			out = append(out, fmt.Sprintf("%s key %q: %s", a.User, a.Key, x))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Summary is a one-line view of the answers.
+func (c *Crowd) Summary() string {
+	m := c.Answers()
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s×%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}

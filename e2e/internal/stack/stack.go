@@ -1,0 +1,259 @@
+package stack
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+// AdminToken is the admin token of every test stack.
+const AdminToken = "e2e-admin-token-Zq8"
+
+// Fast is the config of fault tests: reservations go overdue after 2s, the
+// sweeper looks every 200ms and gives up on a message 2s after the deadline,
+// the reconciler runs every second. worker holds extra [worker] lines.
+func Fast(worker string) string {
+	return `
+[backend]
+reservation_ttl = "2s"
+publish_timeout = "1s"
+[rabbitmq]
+reconnect_max = "500ms"
+[worker]
+sweep_interval     = "200ms"
+republish_after    = "2s"
+reconcile_interval = "1s"
+retry_max          = "1s"
+` + worker + "\n"
+}
+
+// Options shape a stack.
+type Options struct {
+	Backends, Workers int
+	// RedisDB selects the Redis database (0 when unset): a test that flushes
+	// its database uses one no other test shares.
+	RedisDB int
+	// Config is the TOML given to every process ("" for the defaults).
+	Config string
+	// BackendEnv is added to the environment of backend i.
+	BackendEnv map[int][]string
+	// StartWorkers false leaves the workers prepared but not started.
+	NoStartWorkers bool
+}
+
+// Stack is one isolated deployment.
+type Stack struct {
+	t          testing.TB
+	Dir        string
+	Env        []string
+	ConfigPath string
+	DSN        string
+	DB         *sql.DB
+	Redis      *redis.Client
+	RedisURL   string
+	Prefix     string // Redis key prefix
+	AMQPPrefix string
+	Topo       broker.Topology
+	Res        *reservation.Store
+	Backends   []*Proc
+	Workers    []*Proc
+	HTTP       *http.Client
+	// RedisLost is set by a test that deletes Redis data (FLUSHDB): the
+	// records of orders settled before the loss are gone for good (MySQL
+	// answers for them); every record still present must agree.
+	RedisLost bool
+}
+
+// New builds the binaries, isolates the services and starts the processes.
+func New(t testing.TB, o Options) *Stack {
+	t.Helper()
+	s := &Stack{t: t, Dir: t.TempDir()}
+	s.DSN = servicetest.MySQLDSN(t)
+	s.RedisURL = redisURL(t, o.RedisDB)
+	s.Redis, s.Prefix = isolatedRedis(t, s.RedisURL)
+	topo := broker.TopologyFor(conf.RabbitMQ{Prefix: "x", DeliveryLimit: 5})
+	suffix := func(names []string) []string {
+		out := make([]string, len(names))
+		for i, n := range names {
+			out[i] = n[1:] // drop "x"
+		}
+		return out
+	}
+	s.AMQPPrefix = servicetest.AMQPPrefix(t, suffix(topo.QueueNames()), suffix(topo.ExchangeNames()))
+	s.Topo = broker.TopologyFor(conf.RabbitMQ{Prefix: s.AMQPPrefix, DeliveryLimit: conf.Default().RabbitMQ.DeliveryLimit})
+	s.Res = reservation.New(s.Redis, s.Prefix)
+	s.ConfigPath = filepath.Join(s.Dir, "seckill.toml")
+	servicetest.Must(t, os.WriteFile(s.ConfigPath, []byte(o.Config), 0o644), "config")
+	s.Env = append(os.Environ(),
+		conf.EnvMySQLDSN+"="+s.DSN,
+		conf.EnvRedisURL+"="+s.RedisURL,
+		conf.EnvRedisKeyPrefix+"="+s.Prefix,
+		conf.EnvAMQPURL+"="+servicetest.AMQPURL(),
+		conf.EnvAMQPQueuePrefix+"="+s.AMQPPrefix,
+		conf.EnvAdminToken+"="+AdminToken,
+	)
+	s.HTTP = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
+	t.Cleanup(s.HTTP.CloseIdleConnections)
+	s.DB = openDB(t, s.DSN)
+
+	backend, worker := Binary(t, "backend"), Binary(t, "worker")
+	for i := range o.Backends {
+		addr := FreeAddr(t)
+		p := NewProc(t, backend, fmt.Sprintf("backend-%d", i), addr, s.Dir,
+			append(append([]string{}, s.Env...), conf.EnvBackendListen+"="+addr), "-config", s.ConfigPath)
+		p.Start(t, o.BackendEnv[i]...)
+		s.Backends = append(s.Backends, p)
+	}
+	for i := range o.Workers {
+		addr := FreeAddr(t)
+		p := NewProc(t, worker, fmt.Sprintf("worker-%d", i), addr, s.Dir,
+			append(append([]string{}, s.Env...), conf.EnvWorkerListen+"="+addr), "-config", s.ConfigPath)
+		s.Workers = append(s.Workers, p)
+	}
+	for _, p := range s.Backends {
+		p.WaitReady(t, "/readyz")
+	}
+	if !o.NoStartWorkers {
+		s.StartWorkers(t)
+	}
+	return s
+}
+
+// StartWorkers starts every worker not running and waits until it is ready.
+func (s *Stack) StartWorkers(t testing.TB) {
+	t.Helper()
+	for _, p := range s.Workers {
+		if !p.Running() {
+			p.Start(t)
+		}
+	}
+	for _, p := range s.Workers {
+		p.WaitReady(t, "/readyz")
+	}
+}
+
+func redisURL(t testing.TB, db int) string {
+	u, err := url.Parse(servicetest.RedisURL())
+	servicetest.Must(t, err, "redis url")
+	if db != 0 {
+		u.Path = "/" + strconv.Itoa(db)
+	}
+	return u.String()
+}
+
+// isolatedRedis is servicetest.Redis on any database.
+func isolatedRedis(t testing.TB, rawURL string) (*redis.Client, string) {
+	t.Helper()
+	opt, err := redis.ParseURL(rawURL)
+	servicetest.Must(t, err, "redis url")
+	rdb := redis.NewClient(opt)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		_ = rdb.Close()
+		if os.Getenv("CI") != "" {
+			t.Fatalf("redis unavailable (CI requires it): %v", err)
+		}
+		t.Skipf("redis unavailable: %v", err)
+	}
+	prefix := servicetest.Name(t) + ":"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		_ = rdb.Close()
+	})
+	return rdb, prefix
+}
+
+func openDB(t testing.TB, dsn string) *sql.DB {
+	t.Helper()
+	c := conf.Default().MySQL
+	c.DSN = dsn
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := schema.Open(ctx, c)
+	servicetest.Must(t, err, "open db")
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// Sale is a flash sale of a stack.
+type Sale struct {
+	ID           int64
+	Stock, Limit int64
+}
+
+// CreateSale opens a sale now (for an hour) through the first backend.
+func (s *Stack) CreateSale(t testing.TB, id, stock, limit int64) Sale {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"stock": stock, "per_user_limit": limit,
+		"starts_at": time.Now().Add(-time.Minute).UTC().Format(time.RFC3339),
+		"ends_at":   time.Now().Add(time.Hour).UTC().Format(time.RFC3339)})
+	req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("%s/admin/v1/activities/%d", s.Backends[0].URL(), id), bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+AdminToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.HTTP.Do(req)
+	servicetest.Must(t, err, "create sale")
+	msg, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
+		t.Fatalf("create sale: %d %s", resp.StatusCode, msg)
+	}
+	return Sale{ID: id, Stock: stock, Limit: limit}
+}
+
+// QueueDepth returns the ready and unacknowledged messages of the order queue
+// (unacknowledged: consumers counted by the broker; RabbitMQ's passive declare
+// reports ready messages only, so the drain also waits for Redis).
+func (s *Stack) QueueDepth(t testing.TB) (int, error) {
+	conn, err := amqp.Dial(servicetest.AMQPURL())
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	q, err := ch.QueueDeclarePassive(s.Topo.Queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	return q.Messages, nil
+}
+
+// DeadLetters counts the messages in the dead-letter queue.
+func (s *Stack) DeadLetters(t testing.TB) int {
+	t.Helper()
+	conn, err := amqp.Dial(servicetest.AMQPURL())
+	servicetest.Must(t, err, "dial")
+	defer conn.Close()
+	ch, err := conn.Channel()
+	servicetest.Must(t, err, "channel")
+	q, err := ch.QueueDeclarePassive(s.Topo.DeadQueue, true, false, false, false, nil)
+	servicetest.Must(t, err, "dead-letter queue")
+	return q.Messages
+}
