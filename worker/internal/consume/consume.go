@@ -203,7 +203,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.loop(sess, proc, ch, deliveries, dl)
+			c.loop(sess, proc, work, ch, deliveries, dl)
 			ended <- struct{}{}
 		}()
 	}
@@ -233,15 +233,37 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 // loop collects batches from one channel and handles them one at a time, so
 // that when a batch is fully decided every earlier delivery of the channel is
 // too, and a multiple ack is valid.
-func (c *Consumer) loop(ctx, proc context.Context, ch *amqp.Channel, deliveries <-chan amqp.Delivery, dl *deadLetterer) {
+//
+// Settling Redis after the ack is off the critical path: a settler goroutine
+// per loop does it in batch order while the loop collects and writes the next
+// batch. At most settleBacklog committed batches wait for it; the loop ends
+// only once they are settled. Settling needs Redis, not the broker, so it runs
+// under work, which outlives a lost session: only the end of the shutdown
+// grace abandons a settle to the sweeper.
+func (c *Consumer) loop(ctx, proc, work context.Context, ch *amqp.Channel, deliveries <-chan amqp.Delivery, dl *deadLetterer) {
 	defer ch.Close()
+	settles := make(chan []*group, settleBacklog)
+	var settler sync.WaitGroup
+	settler.Add(1)
+	go func() {
+		defer settler.Done()
+		for groups := range settles {
+			for _, g := range groups {
+				c.settle(work, g)
+			}
+		}
+	}()
+	defer func() {
+		close(settles)
+		settler.Wait()
+	}()
 	batch := make([]amqp.Delivery, 0, c.cfg.BatchSize)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
 		batch = batch[:0]
 		more := c.collect(ctx, deliveries, timer, &batch)
-		if len(batch) > 0 && !c.handle(proc, ch, batch, dl) {
+		if len(batch) > 0 && !c.handle(proc, ch, batch, dl, settles) {
 			return // some delivery undecided: stop before anything later is acked
 		}
 		if !more {
@@ -289,10 +311,15 @@ type group struct {
 	outcomes   []store.Outcome
 }
 
+// settleBacklog bounds the committed batches of one channel waiting to be
+// settled in Redis.
+const settleBacklog = 2
+
 // handle decides every delivery of a batch: dead-letters the invalid ones,
-// writes the rest per activity, acks what was decided, then settles Redis. It
-// reports whether every delivery was decided (and acked or rejected).
-func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Delivery, dl *deadLetterer) bool {
+// writes the rest per activity, acks what was decided, then hands the written
+// groups to settles (Redis). It reports whether every delivery was decided
+// (and acked or rejected).
+func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Delivery, dl *deadLetterer, settles chan<- []*group) bool {
 	c.m.Deliveries.Add(float64(len(batch)))
 	var groups []*group
 	byID := map[int64]*group{}
@@ -326,8 +353,8 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 		ackTags = append(ackTags, g.tags...)
 	}
 	acked := c.ack(ch, ackTags, all)
-	for _, g := range done {
-		c.settle(ctx, g)
+	if len(done) > 0 {
+		settles <- done
 	}
 	return all && acked
 }

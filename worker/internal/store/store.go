@@ -151,10 +151,16 @@ func (s *Store) decide(ctx context.Context, activityID int64, orders []Order, in
 // and duplicate key (a concurrent insert of the same order id, seen as a
 // redelivery on the next try).
 func (s *Store) tx(ctx context.Context, activityID int64, orders []Order, soldOut bool) ([]Outcome, bool, error) {
+	// The redelivery check (a SELECT of the batch's order ids) is skipped on
+	// the first try when Redis saw every order as newly claimed: the orders
+	// primary key still refuses a duplicate (error 1062, the whole attempt is
+	// rolled back), and every later try checks.
+	check := needsCheck(orders)
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		res, guardFailed, err := s.attempt(ctx, activityID, orders, soldOut)
+		res, guardFailed, err := s.attempt(ctx, activityID, orders, soldOut, check)
 		s.m.TxSeconds.Observe(time.Since(start).Seconds())
+		check = true
 		cause, transient := transientCause(err)
 		if err == nil || !transient || attempt >= s.attempts || ctx.Err() != nil {
 			if err != nil {
@@ -172,6 +178,19 @@ func (s *Store) tx(ctx context.Context, activityID int64, orders []Order, soldOu
 		case <-t.C:
 		}
 	}
+}
+
+// needsCheck reports whether some order may be in MySQL already: Redis
+// recorded it as decided, or lost its record. Claimed orders may be
+// redeliveries too (a worker that committed and died before settling); the
+// primary key catches those.
+func needsCheck(orders []Order) bool {
+	for _, o := range orders {
+		if o.Claim != reservation.Claimed {
+			return true
+		}
+	}
+	return false
 }
 
 // MySQL error numbers after which the same transaction is simply run again.
@@ -200,7 +219,10 @@ func transientCause(err error) (string, bool) {
 // attempt is one try of the batch transaction. guardFailed reports that the
 // conditional stock update matched no row; the transaction was rolled back.
 // With soldOut every order that would be confirmed fails as sold out instead.
-func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, soldOut bool) (res []Outcome, guardFailed bool, err error) {
+// Without check it does not look for redeliveries: an order already in MySQL
+// then fails the orders insert with a duplicate key, and the caller tries again
+// with check.
+func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, soldOut, check bool) (res []Outcome, guardFailed bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
@@ -215,36 +237,22 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 	}()
 
 	// 1. Redeliveries: the order is in MySQL already; report what it holds.
-	ids := make([]any, len(orders))
-	for i, o := range orders {
-		ids[i] = o.OrderID
-	}
-	rows, err := tx.QueryContext(ctx, "SELECT order_id, user_id, quantity, status, COALESCE(reason, '') FROM orders WHERE order_id IN ("+marks(len(ids))+") FOR UPDATE", ids...)
-	if err != nil {
-		return nil, false, fmt.Errorf("select orders: %w", err)
-	}
-	stored := make(map[string]Outcome)
-	for rows.Next() {
-		var o Outcome
-		var status string
-		if err := rows.Scan(&o.OrderID, &o.UserID, &o.Quantity, &status, &o.Reason); err != nil {
-			rows.Close()
-			return nil, false, fmt.Errorf("scan orders: %w", err)
-		}
-		o.Confirmed, o.Redelivered = status == "confirmed", true
-		stored[o.OrderID] = o
-	}
-	// A deadlock or timeout can arrive while rows stream: Next then stops
-	// early and only Err tells, and the server has already rolled back.
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return nil, false, fmt.Errorf("select orders: %w", err)
-	}
 	res = make([]Outcome, len(orders))
 	fresh := make([]int, 0, len(orders)) // indexes into orders of orders to insert
-	for i, o := range orders {
-		if st, ok := stored[o.OrderID]; ok {
-			res[i] = st
-		} else {
+	if check {
+		stored, err := storedOrders(ctx, tx, orders)
+		if err != nil {
+			return nil, false, err
+		}
+		for i, o := range orders {
+			if st, ok := stored[o.OrderID]; ok {
+				res[i] = st
+			} else {
+				fresh = append(fresh, i)
+			}
+		}
+	} else {
+		for i := range orders {
 			fresh = append(fresh, i)
 		}
 	}
@@ -283,12 +291,15 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 		}
 	}
 
-	// 4. Per-user totals, locked in user-id order: the upsert materialises and
-	// X-locks each row (a missing row cannot be locked by a read under READ
-	// COMMITTED, so two batches could otherwise both start a user at 0).
+	// 4. Per-user totals, locked in user-id order. Rows that exist are
+	// X-locked by the read; a missing row cannot be locked under READ
+	// COMMITTED, so new buyers are added with a plain INSERT (step 6): a
+	// concurrent batch that added the same user first makes it fail with a
+	// duplicate key, and the whole attempt is rolled back and repeated.
 	var units int64
 	var users []string
 	added := map[string]int64{}
+	held := map[string]int64{}
 	if len(candidates) > 0 {
 		for _, i := range candidates {
 			if _, ok := added[orders[i].UserID]; !ok {
@@ -297,14 +308,6 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 			}
 		}
 		slices.Sort(users)
-		args := make([]any, 0, 2*len(users))
-		for _, u := range users {
-			args = append(args, activityID, u)
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
-			tuples(len(users), "(?, ?, 0)")+" ON DUPLICATE KEY UPDATE quantity = quantity", args...); err != nil {
-			return nil, false, fmt.Errorf("lock purchases: %w", err)
-		}
 		uargs := make([]any, 0, 1+len(users))
 		uargs = append(uargs, activityID)
 		for _, u := range users {
@@ -315,7 +318,6 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 		if err != nil {
 			return nil, false, fmt.Errorf("select purchases: %w", err)
 		}
-		held := make(map[string]int64, len(users))
 		for rows.Next() {
 			var u string
 			var q int64
@@ -364,26 +366,29 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 	}
 
 	if units > 0 {
-		// 6. The users' new totals; rows of users who got nothing stay at 0
-		// and are removed, so purchases holds buyers only.
-		args = args[:0]
-		var zero []any
+		// 6. The buyers' new totals: an update of the rows locked in step 4,
+		// a plain insert of new buyers (purchases holds buyers only).
+		var upd, ins []any
 		for _, u := range users {
-			if added[u] > 0 {
-				args = append(args, activityID, u, added[u])
+			if n := added[u]; n > 0 {
+				if _, ok := held[u]; ok {
+					upd = append(upd, activityID, u, n)
+				} else {
+					ins = append(ins, activityID, u, n)
+				}
 			}
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
-			tuples(len(args)/3, "(?, ?, ?)")+" ON DUPLICATE KEY UPDATE quantity = quantity + VALUES(quantity)", args...); err != nil {
-			return nil, false, fmt.Errorf("update purchases: %w", err)
-		}
-		for _, u := range users {
-			if added[u] == 0 {
-				zero = append(zero, u)
+		if len(ins) > 0 {
+			if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
+				tuples(len(ins)/3, "(?, ?, ?)"), ins...); err != nil {
+				return nil, false, fmt.Errorf("insert purchases: %w", err)
 			}
 		}
-		if err := dropZero(ctx, tx, activityID, zero); err != nil {
-			return nil, false, err
+		if len(upd) > 0 {
+			if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
+				tuples(len(upd)/3, "(?, ?, ?)")+" ON DUPLICATE KEY UPDATE quantity = quantity + VALUES(quantity)", upd...); err != nil {
+				return nil, false, fmt.Errorf("update purchases: %w", err)
+			}
 		}
 
 		// 7. Last: the guard against oversell, on the hot row.
@@ -399,14 +404,6 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 		if n == 0 {
 			return nil, true, nil // deferred rollback
 		}
-	} else if len(users) > 0 {
-		zero := make([]any, len(users))
-		for i, u := range users {
-			zero[i] = u
-		}
-		if err := dropZero(ctx, tx, activityID, zero); err != nil {
-			return nil, false, err
-		}
 	}
 	committed = true
 	if err := tx.Commit(); err != nil {
@@ -415,16 +412,33 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 	return res, false, nil
 }
 
-// dropZero removes the rows the lock step created for users who bought nothing.
-func dropZero(ctx context.Context, tx *sql.Tx, activityID int64, users []any) error {
-	if len(users) == 0 {
-		return nil
+// storedOrders reads (and locks) the orders of the batch MySQL has already.
+func storedOrders(ctx context.Context, tx *sql.Tx, orders []Order) (map[string]Outcome, error) {
+	ids := make([]any, len(orders))
+	for i, o := range orders {
+		ids[i] = o.OrderID
 	}
-	args := append([]any{activityID}, users...)
-	if _, err := tx.ExecContext(ctx, "DELETE FROM purchases WHERE activity_id = ? AND quantity = 0 AND user_id IN ("+marks(len(users))+")", args...); err != nil {
-		return fmt.Errorf("clean purchases: %w", err)
+	rows, err := tx.QueryContext(ctx, "SELECT order_id, user_id, quantity, status, COALESCE(reason, '') FROM orders WHERE order_id IN ("+marks(len(ids))+") FOR UPDATE", ids...)
+	if err != nil {
+		return nil, fmt.Errorf("select orders: %w", err)
 	}
-	return nil
+	stored := make(map[string]Outcome)
+	for rows.Next() {
+		var o Outcome
+		var status string
+		if err := rows.Scan(&o.OrderID, &o.UserID, &o.Quantity, &status, &o.Reason); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("scan orders: %w", err)
+		}
+		o.Confirmed, o.Redelivered = status == "confirmed", true
+		stored[o.OrderID] = o
+	}
+	// A deadlock or timeout can arrive while rows stream: Next then stops
+	// early and only Err tells, and the server has already rolled back.
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, fmt.Errorf("select orders: %w", err)
+	}
+	return stored, nil
 }
 
 // marks returns n comma-separated placeholders.
