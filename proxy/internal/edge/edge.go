@@ -54,12 +54,18 @@ var (
 
 // Serve is the fasthttp handler of the forwarding listener.
 func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
-	sent := time.Now()
-	method, path := ctx.Method(), ctx.Path()
+	if ambiguousFraming(&ctx.Request.Header) {
+		ctx.SetConnectionClose() // what follows the body on this connection is not trusted
+		problem(ctx, fasthttp.StatusBadRequest, "bad-request", "Bad request", "both Transfer-Encoding and Content-Length")
+		return
+	}
+	method, path := ctx.Method(), requestPath(ctx)
 
+	var sent time.Time // only purchases need it (sold-out cache)
 	soldID, purchase := []byte(nil), false
 	if h.SoldOut != nil {
 		if soldID, purchase = soldout.PurchaseID(method, path); purchase {
+			sent = time.Now()
 			if body, ctype, ok := h.SoldOut.Lookup(soldID, sent); ok {
 				ctx.SetStatusCode(fasthttp.StatusConflict)
 				ctx.SetContentTypeBytes(ctype)
@@ -76,7 +82,9 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	defer h.pool.Put(s)
 	s.d.Reset()
 	s.key = h.clientKey(ctx, s.key[:0])
-	h.Limiter.Check(h.rules.Load(), method, path, s.key, &s.d)
+	// ctx.Time is when the server began this request (a time.Now a moment
+	// ago), so the limiter needs no clock read of its own.
+	h.Limiter.CheckAt(h.rules.Load(), method, path, s.key, ctx.Time(), &s.d)
 	switch s.d.Outcome {
 	case limiter.Limited:
 		h.limited(ctx, &s.d, s)
@@ -110,6 +118,50 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// requestPath is the path rules match: ctx.Path() (decoded, dot segments
+// and duplicate slashes removed), taken straight from the request line when
+// that is already in normal form. Not parsing the URI also spares the client
+// re-serializing it towards the upstream.
+func requestPath(ctx *fasthttp.RequestCtx) []byte {
+	if p, ok := plainPath(ctx.Request.Header.RequestURI()); ok {
+		return p
+	}
+	return ctx.Path()
+}
+
+// plainPath returns the path of an origin-form request URI that needs no
+// normalization: '/' then unreserved characters and single slashes, no
+// segment starting with a dot, no percent-encoding; up to '?'. (With a
+// valid Host; with an invalid one fasthttp's parse fails and ctx.Path() is
+// "/", and so is the URI it would send upstream; the raw path, which then
+// goes upstream unchanged, is the one to match.)
+func plainPath(uri []byte) ([]byte, bool) {
+	if len(uri) == 0 || uri[0] != '/' {
+		return nil, false
+	}
+	for i := 1; i < len(uri); i++ {
+		switch c := uri[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_', c == '~':
+		case c == '/', c == '.':
+			if uri[i-1] == '/' {
+				return nil, false
+			}
+		case c == '?':
+			// fasthttp refuses a URI with control bytes (path "/"): leave
+			// those to it.
+			for _, q := range uri[i+1:] {
+				if q < 0x20 || q == 0x7f {
+					return nil, false
+				}
+			}
+			return uri[:i], true
+		default:
+			return nil, false
+		}
+	}
+	return uri, true
+}
+
 // clientKey appends the limiter key of the request's client.
 func (h *Handler) clientKey(ctx *fasthttp.RequestCtx, dst []byte) []byte {
 	var peer netip.Addr
@@ -132,12 +184,24 @@ func ceilSeconds(d time.Duration) int64 {
 	return max(s, 1)
 }
 
-// setRateLimitHeaders writes the draft-ietf-httpapi-ratelimit-headers fields.
+// Header names as fasthttp normalizes them ("RateLimit-Policy" is sent as
+// "Ratelimit-Policy"), for SetCanonical.
+var (
+	hdrRateLimitPolicy = []byte("Ratelimit-Policy")
+	hdrRateLimit       = []byte("Ratelimit")
+)
+
+// setRateLimitHeaders writes the draft-ietf-httpapi-ratelimit-headers fields,
+// from the policies' precomputed parts where they have them.
 func setRateLimitHeaders(rh *fasthttp.ResponseHeader, ps []limiter.Policy, buf []byte) []byte {
 	buf = buf[:0]
 	for i, p := range ps {
 		if i > 0 {
 			buf = append(buf, ", "...)
+		}
+		if p.Item != "" {
+			buf = append(buf, p.Item...)
+			continue
 		}
 		buf = append(buf, '"')
 		buf = append(buf, p.Name...)
@@ -146,20 +210,24 @@ func setRateLimitHeaders(rh *fasthttp.ResponseHeader, ps []limiter.Policy, buf [
 		buf = append(buf, ";w="...)
 		buf = strconv.AppendInt(buf, ceilSeconds(p.Window), 10)
 	}
-	rh.SetBytesV("RateLimit-Policy", buf)
+	rh.SetCanonical(hdrRateLimitPolicy, buf)
 	buf = buf[:0]
 	for i, p := range ps {
 		if i > 0 {
 			buf = append(buf, ", "...)
 		}
-		buf = append(buf, '"')
-		buf = append(buf, p.Name...)
-		buf = append(buf, `";r=`...)
+		if p.Prefix != "" {
+			buf = append(buf, p.Prefix...)
+		} else {
+			buf = append(buf, '"')
+			buf = append(buf, p.Name...)
+			buf = append(buf, `";r=`...)
+		}
 		buf = strconv.AppendInt(buf, int64(p.Remaining), 10)
 		buf = append(buf, ";t="...)
 		buf = strconv.AppendInt(buf, ceilSeconds(p.Reset), 10)
 	}
-	rh.SetBytesV("RateLimit", buf)
+	rh.SetCanonical(hdrRateLimit, buf)
 	return buf
 }
 

@@ -33,6 +33,9 @@ type Options struct {
 	// RequestIDPrefix makes generated X-Request-IDs unique per instance.
 	RequestIDPrefix string
 	Metrics         *Metrics
+	// Dial replaces the TCP dialer (tests, benchmarks); nil: TCP with
+	// ConnectTimeout.
+	Dial fasthttp.DialFunc
 }
 
 // Metrics of the forward path.
@@ -105,12 +108,16 @@ func NewPool(urls []string, o Options) (*Pool, error) {
 			addr = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
 		}
 		connect := o.ConnectTimeout
-		up := &Upstream{Name: u.Host, hc: &fasthttp.HostClient{
-			Addr:  addr,
-			IsTLS: u.Scheme == "https",
-			Dial: func(addr string) (net.Conn, error) {
+		dial := o.Dial
+		if dial == nil {
+			dial = func(addr string) (net.Conn, error) {
 				return fasthttp.DialTimeout(addr, connect)
-			},
+			}
+		}
+		up := &Upstream{Name: u.Host, hc: &fasthttp.HostClient{
+			Addr:                      addr,
+			IsTLS:                     u.Scheme == "https",
+			Dial:                      dial,
 			MaxConns:                  o.MaxConns,
 			MaxIdleConnDuration:       30 * time.Second,
 			ReadTimeout:               o.Timeout,
@@ -166,14 +173,21 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 
 // headers is what stripHop needs of a request or response header.
 type headers interface {
+	PeekKeys() [][]byte
+	PeekTrailerKeys() [][]byte
 	PeekAll(key string) [][]byte
 	Del(key string)
 	All() iter.Seq2[[]byte, []byte]
 }
 
 // stripHop removes the hop-by-hop headers, those Connection names, and any
-// Proxy-* header. It allocates only when a Proxy-* header is present.
+// Proxy-* header. The common case (none present, no trailers) is one
+// allocation-free pass over the header names; it allocates only when a
+// Proxy-* header is present.
 func stripHop(h headers) {
+	if len(h.PeekTrailerKeys()) == 0 && !anyHop(h.PeekKeys()) {
+		return
+	}
 	for _, v := range h.PeekAll("Connection") {
 		for _, tok := range bytes.Split(v, []byte{','}) {
 			if tok = bytes.TrimSpace(tok); len(tok) > 0 {
@@ -195,9 +209,34 @@ func stripHop(h headers) {
 	}
 }
 
+// anyHop reports whether a header name is hop-by-hop (Connection included,
+// which may name others) or Proxy-*; stripHop has nothing to do otherwise.
+func anyHop(keys [][]byte) bool {
+	for _, k := range keys {
+		if len(k) < 2 {
+			continue
+		}
+		switch k[0] | 0x20 {
+		case 'c', 'k', 't', 'u':
+			for _, name := range hopHeaders {
+				if len(k) == len(name) && bytes.EqualFold(k, []byte(name)) {
+					return true
+				}
+			}
+		case 'p':
+			if len(k) >= 6 && bytes.EqualFold(k[:6], []byte("proxy-")) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Header names in fasthttp's normalized form (the server normalizes the
+// names it reads), for the allocation- and normalization-free *Canonical calls.
 var (
 	hdrXFF       = []byte("X-Forwarded-For")
-	hdrRequestID = []byte("X-Request-ID")
+	hdrRequestID = []byte("X-Request-Id")
 	commaSpace   = []byte(", ")
 )
 
@@ -210,17 +249,21 @@ func (p *Pool) PrepareRequest(ctx *fasthttp.RequestCtx) {
 	var buf [64]byte
 	ip := appendIP(buf[:0], ctx.RemoteIP())
 	if prior := h.PeekAll("X-Forwarded-For"); len(prior) > 0 {
-		joined := bytes.Join(prior, commaSpace)
-		joined = append(append(joined, commaSpace...), ip...)
+		var jb [256]byte
+		joined := jb[:0]
+		for _, v := range prior {
+			joined = append(append(joined, v...), commaSpace...)
+		}
+		joined = append(joined, ip...)
 		h.DelBytes(hdrXFF)
 		h.SetBytesKV(hdrXFF, joined)
 	} else {
-		h.SetBytesKV(hdrXFF, ip)
+		h.SetCanonical(hdrXFF, ip)
 	}
-	if len(h.PeekBytes(hdrRequestID)) == 0 {
+	if len(h.PeekCanonical(hdrRequestID)) == 0 {
 		id := append(buf[:0], p.o.RequestIDPrefix...)
 		id = strconv.AppendUint(id, p.reqID.Add(1), 36)
-		h.SetBytesKV(hdrRequestID, id)
+		h.SetCanonical(hdrRequestID, id)
 	}
 }
 
@@ -244,14 +287,17 @@ func (p *Pool) Do(ctx *fasthttp.RequestCtx) error {
 	req, resp := &ctx.Request, &ctx.Response
 	idempotent := req.Header.IsGet() || req.Header.IsHead() || req.Header.IsPut() ||
 		req.Header.IsDelete() || req.Header.IsOptions() || req.Header.IsTrace()
-	deadline := time.Now().Add(p.o.Timeout)
+	now := time.Now()
+	deadline := now.Add(p.o.Timeout)
 	tries := 1
 	if idempotent {
 		tries = len(p.ups)
 	}
 	var last error
 	for try := 0; try < tries; try++ {
-		now := time.Now()
+		if try > 0 {
+			now = time.Now()
+		}
 		left := deadline.Sub(now)
 		if left <= 0 {
 			return ErrTimeout

@@ -180,6 +180,10 @@ type Policy struct {
 	Window    time.Duration
 	Remaining int
 	Reset     time.Duration
+	// Item is this policy's RateLimit-Policy list member, `"name";q=Quota;w=W`
+	// with W the window in whole seconds (rounded up, at least 1), and Prefix
+	// the start of its RateLimit member, `"name";r=`; both precomputed.
+	Item, Prefix string
 }
 
 // Outcome of a decision.
@@ -220,16 +224,27 @@ type entry struct {
 	took  bool
 	epoch uint64
 	want  int
+	// figures for the RateLimit headers, as of evaluate's last look at st
+	rem     int
+	resetAt time.Time
 }
+
+// snap records st's figures for the RateLimit headers (st.mu held).
+func (e *entry) snap() { e.rem, e.resetAt = e.st.remaining+e.st.slots, e.st.resetAt }
 
 // Check decides a request of the given method and path from the client key,
 // filling d. It never blocks longer than about the Redis timeout.
 func (l *Limiter) Check(rs *Rules, method, path, client []byte, d *Decision) {
+	l.CheckAt(rs, method, path, client, time.Now(), d)
+}
+
+// CheckAt is Check with the current time supplied by the caller (a time.Now
+// taken at most moments ago, e.g. fasthttp's RequestCtx.Time).
+func (l *Limiter) CheckAt(rs *Rules, method, path, client []byte, now time.Time, d *Decision) {
 	d.matched = rs.Match(d.matched[:0], method, path)
 	if len(d.matched) == 0 {
 		return
 	}
-	now := time.Now()
 	// Enforced rules first; shadow rules only see requests the others admit.
 	for pass := 0; pass < 2; pass++ {
 		shadow := pass == 1
@@ -255,13 +270,11 @@ func (l *Limiter) Check(rs *Rules, method, path, client []byte, d *Decision) {
 		} else if !shadow {
 			for i := range d.entries {
 				e := &d.entries[i]
-				e.st.mu.Lock()
 				p := Policy{Name: e.w.Policy, Quota: e.w.Limit, Window: e.w.Length,
-					Remaining: max(0, e.st.remaining+e.st.slots), Reset: max(0, e.st.resetAt.Sub(now))}
+					Remaining: max(0, e.rem), Reset: max(0, e.resetAt.Sub(now)), Item: e.w.item, Prefix: e.w.prefix}
 				if p.Reset == 0 {
 					p.Reset = e.w.Length
 				}
-				e.st.mu.Unlock()
 				d.Policies = append(d.Policies, p)
 			}
 		}
@@ -333,17 +346,22 @@ func (e *entry) violated() bool { return e.want < 0 }
 func (l *Limiter) evaluate(es []entry, client []byte, now time.Time) (bool, time.Duration, error) {
 	// Negative cache: a full window until its exact retry time.
 	var retry time.Duration
+	mnow := mono(now)
 	for i := range es {
 		e := &es[i]
 		e.want, e.took = 0, false
-		e.st.mu.Lock()
-		if now.Before(e.st.deniedUntil) {
+		if until := e.st.deniedUntil.Load(); mnow < until {
 			e.want = -1
-			retry = max(retry, e.st.deniedUntil.Sub(now))
+			retry = max(retry, time.Duration(until-mnow))
 		}
-		e.st.mu.Unlock()
 	}
 	if retry > 0 {
+		for i := range es {
+			e := &es[i]
+			e.st.mu.Lock()
+			e.snap()
+			e.st.mu.Unlock()
+		}
 		l.hit(l.m, false)
 		return false, retry, nil
 	}
@@ -367,6 +385,7 @@ func (l *Limiter) evaluate(es []entry, client []byte, now time.Time) (bool, time
 					wait = e.st.inflight
 				}
 			}
+			e.snap()
 			e.st.mu.Unlock()
 		}
 		if missing == 0 {
@@ -431,7 +450,7 @@ func (l *Limiter) evaluate(es []entry, client []byte, now time.Time) (bool, time
 				l.outstanding.Add(int64(g.granted - 1))
 			case g.granted == 0:
 				e.want = -1
-				e.st.deniedUntil = now.Add(g.reset)
+				e.st.deniedUntil.Store(mono(now) + int64(g.reset))
 				retry = max(retry, g.reset)
 			default:
 				e.want = 0
@@ -446,6 +465,7 @@ func (l *Limiter) evaluate(es []entry, client []byte, now time.Time) (bool, time
 				}
 			}
 		}
+		e.snap()
 		e.st.mu.Unlock()
 	}
 	if !allowed {
@@ -458,6 +478,7 @@ func (l *Limiter) evaluate(es []entry, client []byte, now time.Time) (bool, time
 					e.st.slots++
 					l.outstanding.Add(1)
 				}
+				e.snap()
 				e.st.mu.Unlock()
 				e.took = false
 			}
@@ -592,10 +613,9 @@ func (l *Limiter) fallback(d *Decision, now time.Time, shadow bool) (bool, time.
 	}
 	if !shadow {
 		d.Degraded = true
-		seen := map[*Rule]bool{}
+		// Once per rule; a rule's windows are adjacent in d.entries.
 		for i := range d.entries {
-			if r := d.entries[i].r; !seen[r] {
-				seen[r] = true
+			if r := d.entries[i].r; i == 0 || d.entries[i-1].r != r {
 				r.degraded.inc()
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"hash/maphash"
+	"strconv"
 	"sync"
 	"time"
 
@@ -58,6 +59,8 @@ type Window struct {
 	key string
 	// lease is how long leased slots may be spent locally.
 	lease time.Duration
+	// item and prefix: see Policy.
+	item, prefix string
 }
 
 // Rule is a compiled [[proxy.rules]] entry.
@@ -115,8 +118,13 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 			if lease > time.Second {
 				lease = time.Second
 			}
+			name := cr.Name + "-" + policy
+			quoted := `"` + name + `"`
+			secs := max(1, int64((w.Window.Duration+time.Second-1)/time.Second))
 			r.Windows = append(r.Windows, &Window{Kind: k, Limit: w.Limit, Length: w.Window.Duration,
-				Policy: cr.Name + "-" + policy, key: base + suffix, lease: lease})
+				Policy: name, key: base + suffix, lease: lease,
+				item:   quoted + ";q=" + strconv.Itoa(w.Limit) + ";w=" + strconv.FormatInt(secs, 10),
+				prefix: quoted + ";r="})
 			return nil
 		}
 		if err := add(PerIP, cr.PerIP, "ip:", "ip"); err != nil {
@@ -173,7 +181,7 @@ func (rs *Rules) Match(dst []*Rule, method, path []byte) []*Rule {
 type table struct {
 	seed   maphash.Seed
 	shards [64]struct {
-		mu sync.Mutex
+		mu sync.RWMutex
 		m  map[string]*state
 	}
 }
@@ -188,13 +196,23 @@ func newTable() *table {
 
 func (t *table) get(client []byte, now time.Time) *state {
 	sh := &t.shards[maphash.Bytes(t.seed, client)&63]
-	sh.mu.Lock()
+	// lastUse is stored while the shard is locked (read or write), so the
+	// sweeper, which holds the write lock, never drops a state in use.
+	sh.mu.RLock()
 	st := sh.m[string(client)]
-	if st == nil {
+	if st != nil {
+		st.lastUse.Store(mono(now))
+	}
+	sh.mu.RUnlock()
+	if st != nil {
+		return st
+	}
+	sh.mu.Lock()
+	if st = sh.m[string(client)]; st == nil {
 		st = newState()
 		sh.m[string(client)] = st
 	}
-	st.lastUse = now
+	st.lastUse.Store(mono(now))
 	sh.mu.Unlock()
 	return st
 }
@@ -207,7 +225,8 @@ func (t *table) sweep(now time.Time, idle time.Duration) (dropped int, slots int
 		sh.mu.Lock()
 		for k, st := range sh.m {
 			st.mu.Lock()
-			old := now.Sub(st.lastUse) > idle && now.After(st.deniedUntil) && st.inflight == nil
+			m := mono(now)
+			old := m-st.lastUse.Load() > int64(idle) && m > st.deniedUntil.Load() && st.inflight == nil
 			if old {
 				slots += st.slots
 				st.slots = 0

@@ -2,24 +2,32 @@ package limiter
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
+
+// clockBase anchors mono: times kept in atomics are monotonic nanoseconds
+// since process start, so wall-clock steps cannot shift them.
+var clockBase = time.Now()
+
+// mono is t (taken with time.Now) as monotonic nanoseconds since clockBase.
+func mono(t time.Time) int64 { return int64(t.Sub(clockBase)) }
 
 // state is the local view of one window (a rule's global window, or one
 // client's per-IP window): leased slots, the negative cache, the last figures
 // Redis gave, and the in-process counter used while Redis is unreachable.
 type state struct {
 	mu          sync.Mutex
-	slots       int       // leased slots not yet spent
-	leaseUntil  time.Time // leased slots are spendable until then
-	epoch       uint64    // bumped at each new lease
-	want        int       // slots to ask for next time (adaptive)
-	wasted      bool      // the last lease expired with slots left
-	deniedUntil time.Time // negative cache: full until then (exact)
-	remaining   int       // free slots after the last call
-	resetAt     time.Time // when the next slot frees, as of the last call
+	slots       int          // leased slots not yet spent
+	leaseUntil  time.Time    // leased slots are spendable until then
+	epoch       uint64       // bumped at each new lease
+	want        int          // slots to ask for next time (adaptive)
+	wasted      bool         // the last lease expired with slots left
+	deniedUntil atomic.Int64 // negative cache: full until then (mono ns, exact); read without mu
+	remaining   int          // free slots after the last call
+	resetAt     time.Time    // when the next slot frees, as of the last call
 	inflight    chan struct{}
-	lastUse     time.Time // guarded by the table shard's lock
+	lastUse     atomic.Int64 // mono ns; stored under (at least) the table shard's read lock
 
 	// in-process sliding-window counter (two fixed buckets, weighted)
 	locStart      time.Time

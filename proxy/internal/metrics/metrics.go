@@ -247,7 +247,11 @@ func (v *HistogramVec) With(values ...string) *Histogram {
 
 // Observe records one value.
 func (h *Histogram) Observe(x float64) {
-	i := sort.SearchFloat64s(h.bounds, x)
+	// A linear scan: few bounds, and most observations land in the first ones.
+	i := 0
+	for i < len(h.bounds) && h.bounds[i] < x {
+		i++
+	}
 	h.counts[i].Add(1)
 	h.count.Add(1)
 	for {
