@@ -82,6 +82,7 @@ type Client interface {
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	ZAddXX(ctx context.Context, key string, members ...redis.Z) *redis.IntCmd
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
 // Store runs the purchase-path scripts against one Redis under one key prefix.
@@ -534,4 +535,40 @@ func (s *Store) Open(ctx context.Context, activityID int64, max int64) ([]Record
 		}
 	}
 	return out, nil
+}
+
+// Decided is an order MySQL holds, for Restore.
+type Decided struct {
+	OrderID, UserID, IdempotencyKey string
+	Quantity                        int64
+	Confirmed                       bool
+	Reason                          string
+}
+
+// Restore writes back, after Redis lost a sale, the records and idempotency
+// keys of orders MySQL has decided, so that a client retrying with its key
+// gets its order again instead of a second one. Existing entries win (HSETNX):
+// anything Redis learnt since the rebuild is newer.
+func (s *Store) Restore(ctx context.Context, activityID int64, orders []Decided) error {
+	k := s.Keys(activityID)
+	for start := 0; start < len(orders); start += 1000 {
+		chunk := orders[start:min(start+1000, len(orders))]
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, o := range chunk {
+				state := "F"
+				if o.Confirmed {
+					state = "K"
+				}
+				p.HSetNX(ctx, k.Orders, o.OrderID, state+"|"+strconv.FormatInt(o.Quantity, 10)+"|"+o.UserID+"||"+o.Reason)
+				if o.IdempotencyKey != "" {
+					p.HSetNX(ctx, k.Idem, o.UserID+":"+o.IdempotencyKey, o.OrderID)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("restore %d orders of activity %d: %w", len(chunk), activityID, err)
+		}
+	}
+	return nil
 }

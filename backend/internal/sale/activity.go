@@ -11,6 +11,7 @@ import (
 
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/salesdb"
 )
 
 // mysqlRow is an activities row.
@@ -47,24 +48,7 @@ func (s *Service) loadActivity(ctx context.Context, id int64) (mysqlRow, bool, e
 func (s *Service) loadUsers(ctx context.Context, id int64) (map[string]int64, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	rows, err := s.db.QueryContext(qctx, `SELECT user_id, quantity FROM purchases WHERE activity_id = ?`, id)
-	if err != nil {
-		return nil, fmt.Errorf("load purchases of activity %d: %w", id, err)
-	}
-	defer rows.Close()
-	users := map[string]int64{}
-	for rows.Next() {
-		var u string
-		var n int64
-		if err := rows.Scan(&u, &n); err != nil {
-			return nil, fmt.Errorf("load purchases of activity %d: %w", id, err)
-		}
-		users[u] = n
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("load purchases of activity %d: %w", id, err)
-	}
-	return users, nil
+	return salesdb.Users(qctx, s.db, id)
 }
 
 // warm writes MySQL's facts a to Redis, loading per-user totals when Redis
@@ -103,6 +87,16 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		s.m.rebuilt(string(out), err)
 		if err != nil {
 			return false, err
+		}
+		if out == reservation.WarmCreated {
+			// Orders MySQL decided get their records and keys back, so a
+			// client retrying with its Idempotency-Key finds its order.
+			qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+			err = salesdb.Restore(qctx, s.db, s.store, id)
+			cancel()
+			if err != nil {
+				return false, err
+			}
 		}
 		s.log.Info("activity rebuilt in Redis from MySQL", "activity_id", id, "outcome", out)
 		return true, nil

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/salesdb"
 )
 
 // Metrics of the reconciler.
@@ -253,32 +254,18 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 	if err != nil {
 		return err
 	}
-	if out != reservation.WarmCreated && out != reservation.WarmUpdated {
-		return fmt.Errorf("rebuild activity %d: %s", id, out)
+	switch out {
+	case reservation.WarmCreated:
+		// Give decided orders their records and idempotency keys back.
+		return salesdb.Restore(ctx, c.db, c.store, id)
+	case reservation.WarmUpdated:
+		return nil // the backend rebuilt it meanwhile
 	}
-	return nil
+	return fmt.Errorf("rebuild activity %d: %s", id, out)
 }
 
-type querier interface {
-	QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error)
-}
-
-func (c *Reconciler) users(ctx context.Context, q querier, id int64) (map[string]int64, error) {
-	rows, err := q.QueryContext(ctx, `SELECT user_id, quantity FROM purchases WHERE activity_id = ?`, id)
-	if err != nil {
-		return nil, fmt.Errorf("read purchases of activity %d: %w", id, err)
-	}
-	defer rows.Close()
-	users := map[string]int64{}
-	for rows.Next() {
-		var u string
-		var n int64
-		if err := rows.Scan(&u, &n); err != nil {
-			return nil, err
-		}
-		users[u] = n
-	}
-	return users, rows.Err()
+func (c *Reconciler) users(ctx context.Context, q salesdb.Querier, id int64) (map[string]int64, error) {
+	return salesdb.Users(ctx, q, id)
 }
 
 // sync runs the exact repair under the activity's row lock.

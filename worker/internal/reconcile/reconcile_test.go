@@ -180,7 +180,9 @@ func TestDriftIsRepaired(t *testing.T) {
 
 func TestLostSaleIsRebuilt(t *testing.T) {
 	t.Parallel()
-	r, _ := newRig(t)
+	r, ids := newRig(t)
+	_, err := r.db.Exec(`UPDATE orders SET idempotency_key = 'key-a' WHERE order_id = ?`, ids["alice"])
+	servicetest.Must(t, err, "set key")
 	k := r.store.Keys(act)
 	r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem)
 	rep := r.pass(t, false)
@@ -196,5 +198,20 @@ func TestLostSaleIsRebuilt(t *testing.T) {
 	held, _ := r.rdb.HGetAll(context.Background(), k.Users).Result()
 	if held["alice"] != "2" || held["bob"] != "1" {
 		t.Errorf("rebuilt users = %v", held)
+	}
+	// Decided orders and their keys are back: alice retrying with her key gets
+	// her order, not a second one.
+	for user, state := range map[string]reservation.State{"alice": reservation.Confirmed, "bob": reservation.Confirmed} {
+		rec, found, err := r.store.Order(context.Background(), act, ids[user])
+		servicetest.Must(t, err, "order")
+		if !found || rec.State != state {
+			t.Errorf("%s's order after rebuild: found=%v %+v", user, found, rec)
+		}
+	}
+	res, err := r.store.Reserve(context.Background(), reservation.Request{ActivityID: act, UserID: "alice",
+		IdempotencyKey: "key-a", Quantity: 1, OrderID: ordermsg.NewOrderID(act), TTL: time.Minute})
+	servicetest.Must(t, err, "replay")
+	if res.Outcome != reservation.Replay || res.OrderID != ids["alice"] || res.State != reservation.Confirmed {
+		t.Errorf("retry with alice's key after the rebuild: %+v, want a replay of %s", res, ids["alice"])
 	}
 }
