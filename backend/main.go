@@ -22,6 +22,7 @@ import (
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/metrics"
+	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/lua"
@@ -48,6 +49,11 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "backend")
+	stopPprof, err := profiling.Start(log)
+	if err != nil {
+		return err
+	}
+	defer stopPprof()
 
 	// Clients.
 	rdb := redis.NewClient(cfg.Redis.Options())

@@ -25,10 +25,10 @@ type Worker struct {
 func defaultWorker() Worker {
 	return Worker{
 		Listen:            "127.0.0.1:8091",
-		Consumers:         2,
+		Consumers:         1,
 		Prefetch:          400,
 		BatchSize:         100,
-		BatchWait:         D(5 * time.Millisecond),
+		BatchWait:         D(25 * time.Millisecond),
 		RetryMin:          D(50 * time.Millisecond),
 		RetryMax:          D(5 * time.Second),
 		SweepInterval:     D(time.Second),

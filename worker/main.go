@@ -29,6 +29,7 @@ import (
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/metrics"
+	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/lua"
@@ -109,6 +110,11 @@ func reconcileOnce(ctx context.Context, cfg conf.Config, log *slog.Logger, force
 // fleet wires the clients and packages of a fleet member and blocks until ctx
 // ends and the batches in hand are finished.
 func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
+	stopPprof, err := profiling.Start(log)
+	if err != nil {
+		return err
+	}
+	defer stopPprof()
 	rdb := redis.NewClient(cfg.Redis.Options())
 	defer rdb.Close()
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
