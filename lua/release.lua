@@ -12,13 +12,18 @@
 --         client told "503, nothing kept" may retry with the same key
 --
 -- Returns {"released"} | {"claimed"} | {"confirmed"} | {"failed"} | {"missing"}
--- (the last four: nothing changed, the state the order is in).
+-- (the last four: nothing changed, the state the order is in). A repeat of a
+-- release that already happened with the same reason answers "released" again,
+-- so a caller whose first reply was lost (a timeout) may simply retry.
 
 local rec = redis.call('HGET', KEYS[3], ARGV[1])
 if not rec then
   return {'missing'}
 end
-local state, qty, user, deadline = string.match(rec, '^(%a)|(%d+)|([^|]*)|(%d*)|')
+local state, qty, user, deadline, reason = string.match(rec, '^(%a)|(%d+)|([^|]*)|(%d*)|(.*)$')
+if state == 'F' and reason == ARGV[2] then
+  return {'released'}
+end
 if state == 'C' then
   return {'claimed'}
 elseif state == 'K' then

@@ -2,7 +2,7 @@
 -- Safe to repeat and safe while the sale runs: counters of a live sale
 -- (sold, pending, users) are kept, only its settings change.
 --
--- KEYS[1] meta, KEYS[2] users (see reserve.lua)
+-- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
 -- ARGV[1] total stock, ARGV[2] per-user limit, ARGV[3] start ms, ARGV[4] end ms,
 -- ARGV[5] units sold in MySQL, ARGV[6] "1" when user totals follow, else "0",
 -- ARGV[7] pub/sub channel, ARGV[8] activity id,
@@ -45,7 +45,24 @@ redis.call('DEL', KEYS[2])
 for i = 9, #ARGV, 2 do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end
-redis.call('HSET', KEYS[1], 'total', total, 'sold', sold, 'pending', 0,
+-- Only the meta hash may have been lost (eviction, a partial flush): open
+-- reservations that survived still hold units, so count them back in, or their
+-- later settle or release would drive pending below zero.
+local pending = 0
+for _, oid in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+  local rec = redis.call('HGET', KEYS[3], oid)
+  local state, qty, user
+  if rec then
+    state, qty, user = string.match(rec, '^(%a)|(%d+)|([^|]*)|')
+  end
+  if state == 'P' or state == 'C' then
+    pending = pending + tonumber(qty)
+    redis.call('HINCRBY', KEYS[2], user, tonumber(qty))
+  else
+    redis.call('ZREM', KEYS[4], oid)
+  end
+end
+redis.call('HSET', KEYS[1], 'total', total, 'sold', sold, 'pending', pending,
   'limit', limit, 'start', start_ms, 'end', end_ms)
 redis.call('PUBLISH', ARGV[7], ARGV[8])
 return {'created'}

@@ -300,8 +300,13 @@ func (p *Publisher) supervise(s *session) {
 	defer tick.Stop()
 	for {
 		connClosed := s.conn.NotifyClose(make(chan *amqp.Error, 1))
-		blocked := s.conn.NotifyBlocked(make(chan amqp.Blocking, 1))
-		if !p.watch(s, connClosed, blocked, tick.C) {
+		// Blocked notifications are read on their own goroutine: amqp091 drops
+		// one whose listener is busy for 5 s (as watch may be, reopening a
+		// channel while the broker blocks), and a lost "unblocked" would
+		// refuse every publish until the next reconnect.
+		blocked := s.conn.NotifyBlocked(make(chan amqp.Blocking, 16))
+		go p.watchBlocked(s, blocked)
+		if !p.watch(s, connClosed, tick.C) {
 			return
 		}
 		p.sess.Store(nil)
@@ -317,23 +322,25 @@ func (p *Publisher) supervise(s *session) {
 	}
 }
 
+// watchBlocked follows the broker's flow control of s until its connection
+// closes (amqp091 then closes the channel).
+func (p *Publisher) watchBlocked(s *session, blocked <-chan amqp.Blocking) {
+	for b := range blocked {
+		s.blocked.Store(b.Active)
+		if b.Active {
+			p.log.Warn("amqp broker blocks publishing", "reason", b.Reason)
+		} else {
+			p.log.Info("amqp broker unblocked publishing")
+		}
+	}
+}
+
 // watch returns false when the publisher is closing, true when s is lost.
-func (p *Publisher) watch(s *session, connClosed <-chan *amqp.Error, blocked <-chan amqp.Blocking, tick <-chan time.Time) bool {
+func (p *Publisher) watch(s *session, connClosed <-chan *amqp.Error, tick <-chan time.Time) bool {
 	for {
 		select {
 		case <-p.ctx.Done():
 			return false
-		case b, ok := <-blocked:
-			if !ok {
-				blocked = nil // closed with the connection; connClosed follows
-				continue
-			}
-			s.blocked.Store(b.Active)
-			if b.Active {
-				p.log.Warn("amqp broker blocks publishing", "reason", b.Reason)
-			} else {
-				p.log.Info("amqp broker unblocked publishing")
-			}
 		case err := <-connClosed:
 			if err != nil {
 				p.log.Warn("amqp publisher connection lost", "err", err)

@@ -324,7 +324,7 @@ func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOut
 			}
 		}
 	}
-	v, err := lua.Warm.Run(ctx, s.rdb, []string{k.Meta, k.Users}, args...).Slice()
+	v, err := lua.Warm.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines}, args...).Slice()
 	if err != nil {
 		return "", Sale{}, fmt.Errorf("warm activity %d: %w", activityID, err)
 	}

@@ -358,6 +358,35 @@ func TestReleaseVersusClaim(t *testing.T) {
 	})
 }
 
+// A backend whose release reply was lost retries it: the repeat answers
+// "released" again and gives nothing back twice; a release for another reason
+// of an order already failed changes nothing.
+func TestReleaseRetryIsIdempotent(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 12
+	warm(t, st, rdb, id, sale{total: 5, limit: 3, start: -time.Hour, end: time.Hour})
+	r := reserve(t, st, id, "c", "kc", 2)
+	for i := range 2 {
+		out, err := st.ReleaseUnpublished(ctx, id, r.OrderID, "publish_failed", "c", "kc")
+		servicetest.Must(t, err, "release %d", i)
+		if out != reservation.Released {
+			t.Fatalf("release %d = %s, want released", i, out)
+		}
+		if s := meta(t, st, id); s.Pending != 0 {
+			t.Fatalf("after release %d pending = %d, want 0", i, s.Pending)
+		}
+		if held := rdb.HGet(ctx, st.Keys(id).Users, "c").Val(); held != "" {
+			t.Fatalf("after release %d user holds %q", i, held)
+		}
+	}
+	if out, _ := st.Release(ctx, id, r.OrderID, "expired"); out != reservation.AlreadyFailed {
+		t.Errorf("release for another reason = %s, want failed", out)
+	}
+}
+
 func TestReleasePublishesStockEvent(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := servicetest.Redis(t)
@@ -409,8 +438,10 @@ func TestWarmKeepsLiveCounters(t *testing.T) {
 	if got := meta(t, st, id); got.Total != 8 || got.Pending != 2 {
 		t.Errorf("after raise = %+v", got)
 	}
-	// Rebuild after loss needs MySQL's user totals when units were sold.
-	servicetest.Must(t, rdb.Del(ctx, st.Keys(id).Meta, st.Keys(id).Users).Err(), "del")
+	// Rebuild after a loss of the whole sale needs MySQL's user totals when
+	// units were sold (a partial loss: TestWarmAfterMetaLossCountsSurvivingReservations).
+	k := st.Keys(id)
+	servicetest.Must(t, rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem).Err(), "del")
 	args.Sold = 3
 	if out, _, _ = st.Warm(ctx, id, args); out != reservation.WarmNeedUsers {
 		t.Fatalf("rebuild without users = %s", out)
@@ -473,5 +504,37 @@ func BenchmarkRawEvalSha(b *testing.B) {
 		if err := rdb.EvalSha(ctx, sha, keys, users[i], "", 1, oids[i], ttl.Milliseconds()).Err(); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// Only the meta hash lost (eviction, a partial flush): the rebuild counts the
+// open reservations that survived, so their later release cannot drive
+// pending below zero, and their holders keep their units.
+func TestWarmAfterMetaLossCountsSurvivingReservations(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 13
+	warm(t, st, rdb, id, open)
+	a := reserve(t, st, id, "d", "kd", 2)
+	b := reserve(t, st, id, "e", "", 1)
+	_, err := st.Claim(ctx, id, []string{b.OrderID})
+	servicetest.Must(t, err, "claim")
+	rdb.Del(ctx, st.Keys(id).Meta)
+	warm(t, st, rdb, id, open)
+	if s := meta(t, st, id); s.Pending != 3 || s.Sold != 0 {
+		t.Fatalf("after the rebuild: %+v, want pending 3", s)
+	}
+	if held := rdb.HGet(ctx, st.Keys(id).Users, "d").Val(); held != "2" {
+		t.Errorf("d holds %q after the rebuild, want 2", held)
+	}
+	out, err := st.Release(ctx, id, a.OrderID, "expired")
+	servicetest.Must(t, err, "release")
+	if out != reservation.Released {
+		t.Fatalf("release = %s", out)
+	}
+	if s := meta(t, st, id); s.Pending != 1 {
+		t.Errorf("pending after the release = %d, want 1", s.Pending)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -177,6 +178,17 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 		cancel()
 		if err != nil {
 			s.m.reserved("error", time.Since(start))
+			// After a timeout the script may have run and only its reply been
+			// lost: undo a reservation under this order id, so that the 503
+			// keeps nothing ("missing": it never ran). One try, so that a
+			// stalled Redis does not multiply the latency of every 503.
+			if !timedOut(err) {
+				return reservation.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			}
+			if _, rerr := s.release(ctx, r, req.OrderID, "reserve_failed", 1); rerr != nil {
+				s.log.Warn("reserve failed and its undo failed; a reservation made meanwhile is swept",
+					"order_id", req.OrderID, "reserve_err", err, "release_err", rerr)
+			}
 			return reservation.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		s.m.reserved(string(res.Outcome), time.Since(start))
@@ -205,10 +217,7 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, res reservatio
 		s.m.purchased("accepted")
 		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: "pending"}, nil
 	}
-	// The release must run even when ctx was cancelled (shutdown).
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
-	out, rerr := s.store.ReleaseUnpublished(rctx, r.ActivityID, o.OrderID, "publish_failed", r.UserID, r.IdempotencyKey)
-	cancel()
+	out, rerr := s.release(ctx, r, o.OrderID, "publish_failed", releaseTries)
 	if rerr != nil {
 		// Unknown: the reservation stays pending with its deadline, and the
 		// sweeper will re-publish or release it, so the order does end
@@ -236,6 +245,33 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, res reservatio
 	// unknown and no sweeper can find it. Answer as a failed publish.
 	s.m.purchased("released")
 	return PurchaseResult{}, fmt.Errorf("%w: %v (reservation record lost)", ErrUnavailable, perr)
+}
+
+// releaseTries bounds the attempts of a compensation whose reply was lost:
+// release.lua answers "released" again for a release already made, so a
+// retry is safe and turns an unknown outcome into a known one.
+const releaseTries = 3
+
+// release gives an unpublished reservation back (release.lua), retrying when
+// the reply is lost. It runs even when ctx was cancelled (shutdown).
+func (s *Service) release(ctx context.Context, r PurchaseRequest, orderID, reason string, tries int) (reservation.ReleaseOutcome, error) {
+	var err error
+	for range tries {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+		var out reservation.ReleaseOutcome
+		out, err = s.store.ReleaseUnpublished(rctx, r.ActivityID, orderID, reason, r.UserID, r.IdempotencyKey)
+		cancel()
+		if err == nil {
+			return out, nil
+		}
+	}
+	return "", err
+}
+
+// timedOut reports an error after which a Redis command may have run.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // group is a single-flight per activity id.
