@@ -4,12 +4,15 @@
 --
 -- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
 -- ARGV[1] total stock, ARGV[2] per-user limit, ARGV[3] start ms, ARGV[4] end ms,
--- ARGV[5] units sold in MySQL, ARGV[6] "1" when user totals follow, else "0",
+-- ARGV[5] units sold in MySQL, ARGV[6] flags: "u" when user totals follow,
+-- "c" create only (a rebuild: a sale that exists is left alone, since its
+-- settings may be newer than the caller's unlocked read of MySQL),
 -- ARGV[7] pub/sub channel, ARGV[8] activity id,
--- ARGV[9..] user id, units pairs (MySQL's per-user totals) when ARGV[6] is "1"
+-- ARGV[9..] user id, units pairs (MySQL's per-user totals) when flags has "u"
 --
 -- Returns
 --   {"updated"}                    settings of a live sale changed
+--   {"exists"}                     create only, and the sale exists: nothing changed
 --   {"created"}                    the sale was built (fresh, or rebuilt after loss)
 --   {"need_users"}                 the sale is missing in Redis, MySQL has sold
 --                                  units, and no user totals were given: call again
@@ -23,7 +26,11 @@ local start_ms, end_ms, sold = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(AR
 if not total or not limit or not start_ms or not end_ms or not sold or total < 0 or sold < 0 then
   return {'bad_args'}
 end
+local flags = ARGV[6]
 local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending')
+if cur[1] and string.find(flags, 'c', 1, true) then
+  return {'exists'}
+end
 if cur[1] then
   local rsold, rpending = tonumber(cur[2]), tonumber(cur[3])
   if total < rsold + rpending then
@@ -35,7 +42,7 @@ if cur[1] then
   end
   return {'updated'}
 end
-if sold > 0 and ARGV[6] ~= '1' then
+if sold > 0 and not string.find(flags, 'u', 1, true) then
   return {'need_users'}
 end
 if sold > total then

@@ -296,6 +296,9 @@ type WarmArgs struct {
 	Sold         int64
 	// Users are MySQL's per-user totals; nil when not loaded.
 	Users map[string]int64
+	// CreateOnly (a rebuild after loss) leaves a sale that exists alone: its
+	// settings may be newer than the caller's read of MySQL.
+	CreateOnly bool
 }
 
 // WarmOutcome tells what Warm did.
@@ -307,21 +310,25 @@ const (
 	WarmCreated   WarmOutcome = "created"
 	WarmNeedUsers WarmOutcome = "need_users"
 	WarmConflict  WarmOutcome = "conflict"
+	WarmExists    WarmOutcome = "exists" // CreateOnly, and the sale exists
 )
 
 // Warm creates or updates a sale in Redis. On WarmConflict the returned Sale
 // carries Redis's sold and pending.
 func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOutcome, Sale, error) {
 	k := s.Keys(activityID)
-	withUsers := "0"
-	args := []any{a.Total, a.Limit, a.Start.UnixMilli(), a.End.UnixMilli(), a.Sold, withUsers,
-		Channel(s.prefix), activityID}
+	flags := ""
+	if a.CreateOnly {
+		flags += "c"
+	}
 	if a.Users != nil {
-		args[5] = "1"
-		for u, n := range a.Users {
-			if n > 0 {
-				args = append(args, u, n)
-			}
+		flags += "u"
+	}
+	args := []any{a.Total, a.Limit, a.Start.UnixMilli(), a.End.UnixMilli(), a.Sold, flags,
+		Channel(s.prefix), activityID}
+	for u, n := range a.Users {
+		if n > 0 {
+			args = append(args, u, n)
 		}
 	}
 	v, err := lua.Warm.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines}, args...).Slice()
@@ -330,7 +337,7 @@ func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOut
 	}
 	out := WarmOutcome(str(at(v, 0)))
 	switch out {
-	case WarmUpdated, WarmCreated, WarmNeedUsers:
+	case WarmUpdated, WarmCreated, WarmNeedUsers, WarmExists:
 	case WarmConflict:
 		return out, Sale{Sold: num(at(v, 1)), Pending: num(at(v, 2))}, nil
 	default:

@@ -538,3 +538,32 @@ func TestWarmAfterMetaLossCountsSurvivingReservations(t *testing.T) {
 		t.Errorf("pending after the release = %d, want 1", s.Pending)
 	}
 }
+
+// A rebuild (CreateOnly) never overwrites a sale that exists: its settings may
+// be newer than the rebuild's read of MySQL.
+func TestWarmCreateOnlyLeavesAnExistingSale(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 14
+	warm(t, st, rdb, id, sale{total: 5, limit: 2, start: -time.Hour, end: time.Hour})
+	before := meta(t, st, id)
+	now := redisNow(t, rdb)
+	out, _, err := st.Warm(ctx, id, reservation.WarmArgs{Total: 50, Limit: 9, Start: now.Add(-time.Hour),
+		End: now.Add(time.Hour), Users: map[string]int64{}, CreateOnly: true})
+	servicetest.Must(t, err, "warm")
+	if out != reservation.WarmExists {
+		t.Fatalf("create-only warm of an existing sale = %s, want exists", out)
+	}
+	if after := meta(t, st, id); after != before {
+		t.Errorf("create-only warm changed the sale: %+v -> %+v", before, after)
+	}
+	rdb.Del(ctx, st.Keys(id).Meta)
+	out, _, err = st.Warm(ctx, id, reservation.WarmArgs{Total: 50, Limit: 9, Start: now.Add(-time.Hour),
+		End: now.Add(time.Hour), Users: map[string]int64{}, CreateOnly: true})
+	servicetest.Must(t, err, "warm")
+	if out != reservation.WarmCreated || meta(t, st, id).Total != 50 {
+		t.Errorf("create-only warm of a lost sale = %s %+v", out, meta(t, st, id))
+	}
+}

@@ -53,8 +53,9 @@ func (s *Service) loadUsers(ctx context.Context, id int64) (map[string]int64, er
 
 // warm writes MySQL's facts a to Redis, loading per-user totals when Redis
 // lost the sale and MySQL has sold units.
-func (s *Service) warm(ctx context.Context, id int64, a mysqlRow) (reservation.WarmOutcome, reservation.Sale, error) {
-	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold}
+// With createOnly (a rebuild) a sale that exists in Redis is left alone.
+func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly bool) (reservation.WarmOutcome, reservation.Sale, error) {
+	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold, CreateOnly: createOnly}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 	out, sale, err := s.store.Warm(rctx, id, args)
 	cancel()
@@ -80,7 +81,9 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 			s.m.rebuilt("not_found", err)
 			return false, err
 		}
-		out, _, err := s.warm(ctx, id, a)
+		// Create only: a sale that exists meanwhile (another rebuild, an admin
+		// change) is newer than this unlocked read of MySQL.
+		out, _, err := s.warm(ctx, id, a, true)
 		if err == nil && out == reservation.WarmConflict {
 			err = fmt.Errorf("redis refused the rebuild of activity %d: MySQL sold %d of %d", id, a.Sold, a.Total)
 		}
@@ -321,7 +324,7 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 		return false, s.warmAfterCommit(ctx, id, next)
 	}
 	// Lowering: Redis first.
-	out, rs, err := s.warm(ctx, id, next)
+	out, rs, err := s.warm(ctx, id, next, false)
 	if err != nil {
 		return false, err
 	}
@@ -335,7 +338,7 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 	if err != nil {
 		// MySQL kept the old total: put Redis back to it (raising Redis to what
 		// MySQL holds is the safe direction).
-		if _, _, rerr := s.warm(ctx, id, old); rerr != nil {
+		if _, _, rerr := s.warm(ctx, id, old, false); rerr != nil {
 			s.log.Error("lowering stock failed in MySQL and Redis could not be restored; the reconciler repairs it",
 				"activity_id", id, "err", err, "restore_err", rerr)
 		}
@@ -344,15 +347,29 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 	return false, nil
 }
 
-// warmAfterCommit brings Redis up to a change MySQL already holds.
-func (s *Service) warmAfterCommit(ctx context.Context, id int64, a mysqlRow) error {
-	out, rs, err := s.warm(ctx, id, a)
+// warmAfterCommit brings Redis up to a change MySQL already holds. It warms
+// from the row as it is now, read under its lock: a later change of the same
+// activity (which takes that lock too) may have committed meanwhile, and an
+// older value must never overwrite what it wrote to Redis.
+func (s *Service) warmAfterCommit(ctx context.Context, id int64, _ mysqlRow) error {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	tx, err := s.db.BeginTx(qctx, nil)
+	if err != nil {
+		return fmt.Errorf("%w: saved in MySQL, Redis not updated (repeat the request): %v", ErrUnavailable, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	cur, found, err := scanActivity(tx.QueryRowContext(qctx, selectActivity+` FOR UPDATE`, id))
+	if err != nil || !found {
+		return fmt.Errorf("%w: saved in MySQL, Redis not updated (repeat the request): re-read: found=%v %v", ErrUnavailable, found, err)
+	}
+	out, rs, err := s.warm(ctx, id, cur, false)
 	if err != nil {
 		return fmt.Errorf("%w: saved in MySQL, Redis not updated (repeat the request): %v", ErrUnavailable, err)
 	}
 	if out == reservation.WarmConflict {
 		return fmt.Errorf("%w: saved in MySQL, but Redis holds %d sold and %d reserved, above stock %d",
-			ErrConflict, rs.Sold, rs.Pending, a.Total)
+			ErrConflict, rs.Sold, rs.Pending, cur.Total)
 	}
-	return nil
+	return tx.Commit()
 }

@@ -250,6 +250,7 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 	}
 	out, _, err := c.store.Warm(ctx, id, reservation.WarmArgs{
 		Total: ms.total, Limit: ms.limit, Start: ms.start, End: ms.end, Sold: ms.sold, Users: users,
+		CreateOnly: true, // a sale that exists meanwhile is newer than this read
 	})
 	if err != nil {
 		return err
@@ -258,7 +259,7 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 	case reservation.WarmCreated:
 		// Give decided orders their records and idempotency keys back.
 		return salesdb.Restore(ctx, c.db, c.store, id)
-	case reservation.WarmUpdated:
+	case reservation.WarmExists:
 		return nil // the backend rebuilt it meanwhile
 	}
 	return fmt.Errorf("rebuild activity %d: %s", id, out)
