@@ -5,6 +5,8 @@
 -- KEYS[3] idem       hash  "user:key" -> order id
 -- KEYS[4] orders     hash  order id -> "state|qty|user|deadline_ms|reason"
 -- KEYS[5] deadlines  zset  order id -> deadline (ms) while pending or claimed
+-- KEYS[6] keys       hash  order id -> its idempotency key, so that a sweeper
+--                          re-publishing the order sends the key to MySQL
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] new order id, ARGV[5] reservation TTL in ms
 --
@@ -72,6 +74,7 @@ redis.call('HINCRBY', KEYS[1], 'pending', qty)
 redis.call('HINCRBY', KEYS[2], user, qty)
 if key ~= '' then
   redis.call('HSET', KEYS[3], user .. ':' .. key, oid)
+  redis.call('HSET', KEYS[6], oid, key)
 end
 redis.call('HSET', KEYS[4], oid, 'P|' .. qty .. '|' .. user .. '|' .. deadline .. '|')
 redis.call('ZADD', KEYS[5], deadline, oid)

@@ -46,6 +46,8 @@ func (s State) String() string { return string(s) }
 // Keys names the Redis keys of one activity. All share the {act:ID} hash tag.
 type Keys struct {
 	Meta, Users, Idem, Orders, Deadlines string
+	// OrderKeys maps an order id to its idempotency key (for re-publishing).
+	OrderKeys string
 }
 
 // KeysFor returns the keys of activity id under prefix.
@@ -57,6 +59,7 @@ func KeysFor(prefix string, id int64) Keys {
 		Idem:      base + "idem",
 		Orders:    base + "orders",
 		Deadlines: base + "deadlines",
+		OrderKeys: base + "keys",
 	}
 }
 
@@ -146,7 +149,7 @@ var ErrScript = errors.New("unexpected script reply")
 func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	k := s.Keys(r.ActivityID)
 	v, err := lua.Reserve.Run(ctx, s.rdb,
-		[]string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines},
+		[]string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys},
 		r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds()).Slice()
 	if err != nil {
 		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
@@ -461,6 +464,18 @@ func num(x any) int64 {
 		return n
 	}
 	return 0
+}
+
+// IdempotencyKey returns the key an order was reserved with ("" for none).
+func (s *Store) IdempotencyKey(ctx context.Context, activityID int64, orderID string) (string, error) {
+	k, err := s.rdb.HGet(ctx, s.Keys(activityID).OrderKeys, orderID).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("idempotency key of order %s: %w", orderID, err)
+	}
+	return k, nil
 }
 
 // Forget drops an order from the deadline index (it is already settled).

@@ -205,9 +205,13 @@ func (s *Sweeper) resolve(ctx context.Context, id int64, oid string, now time.Ti
 		return err
 	}
 	if !ok && now.Before(rec.Deadline.Add(s.cfg.RepublishAfter)) {
+		key, err := s.store.IdempotencyKey(ctx, id, oid)
+		if err != nil {
+			return err
+		}
 		msg := ordermsg.Order{
 			V: ordermsg.Version, OrderID: oid, ActivityID: id, UserID: rec.UserID, Quantity: rec.Quantity,
-			Deadline: rec.Deadline.UnixMilli(),
+			IdempotencyKey: key, Deadline: rec.Deadline.UnixMilli(),
 		}
 		if err := s.pub.Publish(ctx, msg); err != nil {
 			return fmt.Errorf("republish: %w", err)

@@ -54,8 +54,13 @@ func (r *rig) sweeper(republishAfter time.Duration) *Sweeper {
 
 func (r *rig) reserve(t *testing.T, act int64, user string, qty int64) string {
 	t.Helper()
+	return r.reserveKey(t, act, user, "", qty)
+}
+
+func (r *rig) reserveKey(t *testing.T, act int64, user, key string, qty int64) string {
+	t.Helper()
 	res, err := r.store.Reserve(context.Background(), reservation.Request{
-		ActivityID: act, UserID: user, Quantity: qty, OrderID: ordermsg.NewOrderID(act), TTL: time.Millisecond,
+		ActivityID: act, UserID: user, IdempotencyKey: key, Quantity: qty, OrderID: ordermsg.NewOrderID(act), TTL: time.Millisecond,
 	})
 	servicetest.Must(t, err, "reserve")
 	if res.Outcome != reservation.Reserved {
@@ -96,9 +101,9 @@ func TestSweepResolvesOverdueReservations(t *testing.T) {
 	if out != reservation.WarmCreated {
 		t.Fatalf("warm: %v", out)
 	}
-	committed := r.reserve(t, act, "alice", 1) // the worker committed, then died before settling
-	lost := r.reserve(t, act, "bob", 2)        // the backend died before its publish
-	claimed := r.reserve(t, act, "carol", 1)   // a worker claimed it, then died before its commit
+	committed := r.reserve(t, act, "alice", 1)        // the worker committed, then died before settling
+	lost := r.reserveKey(t, act, "bob", "bob-key", 2) // the backend died before its publish
+	claimed := r.reserve(t, act, "carol", 1)          // a worker claimed it, then died before its commit
 	_, err = r.store.Claim(ctx, act, []string{claimed})
 	servicetest.Must(t, err, "claim")
 	_, err = r.db.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES (?, ?, 'alice', 1, 'confirmed')`, committed, act)
@@ -124,6 +129,9 @@ func TestSweepResolvesOverdueReservations(t *testing.T) {
 			t.Errorf("message id %q carries order %q", m.MessageId, o.OrderID)
 		}
 		got[o.OrderID] = true
+		if o.OrderID == lost && o.IdempotencyKey != "bob-key" {
+			t.Errorf("re-published order %s carries key %q, want bob-key", lost, o.IdempotencyKey)
+		}
 	}
 	if len(msgs) != 2 || !got[lost] || !got[claimed] {
 		t.Fatalf("republished %v, want %s and %s", got, lost, claimed)
