@@ -7,11 +7,13 @@ package stack
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -265,14 +267,22 @@ func tail(b []byte, n int) string {
 	return strings.TrimSpace(string(b))
 }
 
-// FreeAddr returns a loopback address with a port that was free just now.
+// FreeAddr returns a loopback address with a port that was free just now,
+// taken below the kernel's ephemeral range (32768 and up here): a process
+// killed and restarted on the same port must not find it taken by one of the
+// machine's outgoing connections, which only ever get ephemeral ports.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "free port")
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
+	for range 200 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+rand.IntN(12000)))
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			_ = ln.Close()
+			return addr
+		}
+	}
+	t.Fatal("no free port between 20000 and 32000")
+	return ""
 }
 
 // WaitFor polls cond every 50ms; the bound keeps a broken build from
