@@ -85,19 +85,30 @@ func run(ctx context.Context, args []string) error {
 	return fleet(ctx, cfg, log)
 }
 
-// reconcileOnce runs one pass and prints a line per sale.
-func reconcileOnce(ctx context.Context, cfg conf.Config, log *slog.Logger, force bool) error {
+// openStores connects to Redis (scripts preloaded) and MySQL (schema ensured).
+func openStores(ctx context.Context, cfg conf.Config) (*redis.Client, *sql.DB, error) {
 	rdb := redis.NewClient(cfg.Redis.Options())
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
 	if err := lua.Preload(ctx, rdb); err != nil {
-		return fmt.Errorf("redis: %w", err)
+		_ = rdb.Close()
+		return nil, nil, fmt.Errorf("redis: %w", err)
 	}
 	db, err := schema.Open(ctx, cfg.MySQL)
 	if err != nil {
+		_ = rdb.Close()
+		return nil, nil, err
+	}
+	return rdb, db, nil
+}
+
+// reconcileOnce runs one pass and prints a line per sale.
+func reconcileOnce(ctx context.Context, cfg conf.Config, log *slog.Logger, force bool) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	rdb, db, err := openStores(ctx, cfg)
+	if err != nil {
 		return err
 	}
+	defer rdb.Close()
 	defer db.Close()
 	rec := reconcile.New(db, reservation.New(rdb, cfg.Redis.KeyPrefix), log, nil, cfg.MySQL.QueryTimeout.Duration)
 	reports, err := rec.Pass(ctx, force)
@@ -115,17 +126,13 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 		return err
 	}
 	defer stopPprof()
-	rdb := redis.NewClient(cfg.Redis.Options())
-	defer rdb.Close()
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := lua.Preload(startCtx, rdb); err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	db, err := schema.Open(startCtx, cfg.MySQL)
+	rdb, db, err := openStores(startCtx, cfg)
 	if err != nil {
 		return err
 	}
+	defer rdb.Close()
 	defer db.Close()
 
 	reg := metrics.NewRegistry()

@@ -77,7 +77,14 @@ func Name(t testing.TB) string {
 // the prefix is deleted when the test ends.
 func Redis(t testing.TB) (*redis.Client, string) {
 	t.Helper()
-	opt, err := redis.ParseURL(RedisURL())
+	return RedisAt(t, RedisURL())
+}
+
+// RedisAt is Redis on the server and database of rawURL (a test that flushes
+// its database picks one no other test uses).
+func RedisAt(t testing.TB, rawURL string) (*redis.Client, string) {
+	t.Helper()
+	opt, err := redis.ParseURL(rawURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +97,7 @@ func Redis(t testing.TB) (*redis.Client, string) {
 	}
 	prefix := Name(t) + ":"
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 		for iter.Next(ctx) {

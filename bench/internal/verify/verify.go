@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/salesdb"
 )
 
 // Accepted is one 202 answer the load generator saw: the order id it was
@@ -437,26 +438,16 @@ func (c *Checker) orders(ctx context.Context, id int64) ([]order, error) {
 }
 
 func (c *Checker) purchases(ctx context.Context, id int64) (map[string]int64, error) {
-	rows, err := c.DB.QueryContext(ctx, "SELECT user_id, quantity FROM purchases WHERE activity_id = ?", id)
+	users, err := salesdb.Users(ctx, c.DB, id)
 	if err != nil {
-		return nil, fmt.Errorf("read purchases of activity %d: %w", id, err)
+		return nil, err
 	}
-	defer rows.Close()
-	out := map[string]int64{}
-	for rows.Next() {
-		var u string
-		var n int64
-		if err := rows.Scan(&u, &n); err != nil {
-			return nil, fmt.Errorf("read purchases of activity %d: %w", id, err)
-		}
-		if n != 0 {
-			out[u] += n
+	for u, n := range users {
+		if n == 0 {
+			delete(users, u)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read purchases of activity %d: %w", id, err)
-	}
-	return out, nil
+	return users, nil
 }
 
 // otherActivity counts how many of ids exist under another activity.

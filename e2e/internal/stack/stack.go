@@ -89,7 +89,7 @@ func New(t testing.TB, o Options) *Stack {
 	s := &Stack{t: t, Dir: t.TempDir()}
 	s.DSN = servicetest.MySQLDSN(t)
 	s.RedisURL = redisURL(t, o.RedisDB)
-	s.Redis, s.Prefix = isolatedRedis(t, s.RedisURL)
+	s.Redis, s.Prefix = servicetest.RedisAt(t, s.RedisURL)
 	topo := broker.TopologyFor(conf.RabbitMQ{Prefix: "x", DeliveryLimit: 5})
 	suffix := func(names []string) []string {
 		out := make([]string, len(names))
@@ -158,34 +158,6 @@ func redisURL(t testing.TB, db int) string {
 		u.Path = "/" + strconv.Itoa(db)
 	}
 	return u.String()
-}
-
-// isolatedRedis is servicetest.Redis on any database.
-func isolatedRedis(t testing.TB, rawURL string) (*redis.Client, string) {
-	t.Helper()
-	opt, err := redis.ParseURL(rawURL)
-	servicetest.Must(t, err, "redis url")
-	rdb := redis.NewClient(opt)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		_ = rdb.Close()
-		if os.Getenv("CI") != "" {
-			t.Fatalf("redis unavailable (CI requires it): %v", err)
-		}
-		t.Skipf("redis unavailable: %v", err)
-	}
-	prefix := servicetest.Name(t) + ":"
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
-		_ = rdb.Close()
-	})
-	return rdb, prefix
 }
 
 func openDB(t testing.TB, dsn string) *sql.DB {

@@ -25,11 +25,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/proxy/internal/metrics"
 )
-
-// Channel is the stock-event channel name after the key prefix.
-const Channel = "seckill:stock-events"
 
 // Cache holds the sold-out answers per activity id.
 type Cache struct {
@@ -143,7 +141,7 @@ func (c *Cache) Forget(id string, now time.Time) {
 // expire after the TTL. ready is closed once the subscription is confirmed
 // (or failed to confirm at first).
 func (c *Cache) Subscribe(ctx context.Context, rdb *redis.Client, keyPrefix string, log *slog.Logger, ready chan<- struct{}) {
-	ps := rdb.Subscribe(ctx, keyPrefix+Channel)
+	ps := rdb.Subscribe(ctx, reservation.Channel(keyPrefix))
 	defer ps.Close()
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	if _, err := ps.Receive(rctx); err != nil {
