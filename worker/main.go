@@ -4,6 +4,10 @@
 //
 //	worker [-config PATH]                     run a fleet member
 //	worker reconcile [-force] [-config PATH]  one reconciliation pass, printed
+//	worker teardown -yes [-config PATH]       delete the stack's Redis keys (by
+//	                                          key prefix), queues, exchanges and
+//	                                          database: what demo/bench stacks
+//	                                          run when they stop
 package main
 
 import (
@@ -32,6 +36,7 @@ import (
 	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/teardown"
 	"github.com/seckill/seckill/lua"
 	"github.com/seckill/seckill/worker/internal/consume"
 	"github.com/seckill/seckill/worker/internal/reconcile"
@@ -58,15 +63,18 @@ func run(ctx context.Context, args []string) error {
 	command := ""
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
 		command, args = args[0], args[1:]
-		if command != "reconcile" {
-			return fmt.Errorf("unknown command %q (usage: worker [reconcile [-force]] [-config PATH])", command)
+		if command != "reconcile" && command != "teardown" {
+			return fmt.Errorf("unknown command %q (usage: worker [reconcile [-force] | teardown -yes] [-config PATH])", command)
 		}
 	}
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	path := fs.String("config", conf.DefaultPath, "configuration file")
-	force := false
-	if command == "reconcile" {
+	force, yes := false, false
+	switch command {
+	case "reconcile":
 		fs.BoolVar(&force, "force", false, "sync every sale exactly under MySQL's row lock")
+	case "teardown":
+		fs.BoolVar(&yes, "yes", false, "really delete the stack's keys, queues, exchanges and database")
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -79,8 +87,15 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "worker")
-	if command == "reconcile" {
+	switch command {
+	case "reconcile":
 		return reconcileOnce(ctx, cfg, log, force)
+	case "teardown":
+		if !yes {
+			return fmt.Errorf("teardown deletes Redis keys under %q, queues and exchanges under %q and database of %s: pass -yes",
+				cfg.Redis.KeyPrefix, cfg.RabbitMQ.Prefix, cfg.MySQL.DSN)
+		}
+		return teardownOnce(ctx, cfg)
 	}
 	return fleet(ctx, cfg, log)
 }
@@ -115,6 +130,16 @@ func reconcileOnce(ctx context.Context, cfg conf.Config, log *slog.Logger, force
 	for _, r := range reports {
 		fmt.Println(r)
 	}
+	return err
+}
+
+// teardownOnce removes the stack of cfg and prints what it removed.
+func teardownOnce(ctx context.Context, cfg conf.Config) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	rep, err := teardown.Remove(ctx, cfg)
+	fmt.Printf("teardown: %d Redis keys, queues %v, exchanges %v, database %s (present: %v)\n",
+		rep.RedisKeys, rep.Queues, rep.Exchanges, rep.Database, rep.DatabaseWasPresent)
 	return err
 }
 
