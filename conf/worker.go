@@ -20,6 +20,13 @@ type Worker struct {
 	RepublishAfter    Duration `toml:"republish_after"`
 	ReconcileInterval Duration `toml:"reconcile_interval"`
 	ShutdownGrace     Duration `toml:"shutdown_grace"`
+	// ArchiveInterval is how often the archiver (one worker of the fleet at a
+	// time) looks for sales to archive; ArchiveGrace how long after a sale's
+	// end it waits; ArchiveSummaryTTL how long the counters of an archived
+	// sale stay in Redis (MySQL answers after that).
+	ArchiveInterval   Duration `toml:"archive_interval"`
+	ArchiveGrace      Duration `toml:"archive_grace"`
+	ArchiveSummaryTTL Duration `toml:"archive_summary_ttl"`
 }
 
 func defaultWorker() Worker {
@@ -35,6 +42,9 @@ func defaultWorker() Worker {
 		RepublishAfter:    D(30 * time.Second),
 		ReconcileInterval: D(10 * time.Second),
 		ShutdownGrace:     D(10 * time.Second),
+		ArchiveInterval:   D(30 * time.Second),
+		ArchiveGrace:      D(10 * time.Minute),
+		ArchiveSummaryTTL: D(24 * time.Hour),
 	}
 }
 
@@ -50,6 +60,9 @@ func (w *Worker) validate(p *problems) {
 	checkPositive(p, "worker.republish_after", w.RepublishAfter)
 	checkPositive(p, "worker.reconcile_interval", w.ReconcileInterval)
 	checkPositive(p, "worker.shutdown_grace", w.ShutdownGrace)
+	checkPositive(p, "worker.archive_interval", w.ArchiveInterval)
+	checkPositive(p, "worker.archive_grace", w.ArchiveGrace)
+	checkPositive(p, "worker.archive_summary_ttl", w.ArchiveSummaryTTL)
 	if w.Prefetch < w.BatchSize {
 		p.add("worker.prefetch", "must be at least worker.batch_size (%d), got %d", w.BatchSize, w.Prefetch)
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/teardown"
 	"github.com/seckill/seckill/lua"
+	"github.com/seckill/seckill/worker/internal/archive"
 	"github.com/seckill/seckill/worker/internal/consume"
 	"github.com/seckill/seckill/worker/internal/reconcile"
 	"github.com/seckill/seckill/worker/internal/store"
@@ -165,9 +166,10 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	sales := reservation.New(rdb, cfg.Redis.KeyPrefix)
 	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), m, log)
 
-	// The sweeper and the reconciler run beside the consumer until ctx ends.
+	// The sweeper, the reconciler and the archiver run beside the consumer
+	// until ctx ends.
 	var side sync.WaitGroup
-	side.Add(2)
+	side.Add(3)
 	go func() {
 		defer side.Done()
 		sweepLoop(ctx, cfg, rdb, sales, db, reg, log)
@@ -176,6 +178,17 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 		defer side.Done()
 		reconcile.New(db, sales, log, reconcile.NewMetrics(reg), cfg.MySQL.QueryTimeout.Duration).
 			Run(ctx, cfg.Worker.ReconcileInterval.Duration)
+	}()
+	go func() {
+		defer side.Done()
+		archive.New(archive.Config{
+			Interval:     cfg.Worker.ArchiveInterval.Duration,
+			Grace:        cfg.Worker.ArchiveGrace.Duration,
+			SummaryTTL:   cfg.Worker.ArchiveSummaryTTL.Duration,
+			QueryTimeout: cfg.MySQL.QueryTimeout.Duration,
+			Instance:     instanceName(),
+			Locked:       archiveHold(),
+		}, rdb, sales, db, log, archive.NewMetrics(reg)).Run(ctx)
 	}()
 	defer side.Wait()
 
@@ -213,8 +226,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 // sweepLoop runs the sweeper with its own confirming publisher (a connection
 // apart from the consumer's), retrying while the broker is unreachable.
 func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *reservation.Store, db *sql.DB, reg *prometheus.Registry, log *slog.Logger) {
-	host, _ := os.Hostname()
-	instance := host + ":" + strconv.Itoa(os.Getpid())
+	instance := instanceName()
 	pm := broker.NewPublisherMetrics(reg, "seckill_worker")
 	backoff := cfg.RabbitMQ.ReconnectMin.Duration
 	for {
@@ -240,6 +252,12 @@ func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *r
 		}
 		backoff = min(2*backoff, cfg.RabbitMQ.ReconnectMax.Duration)
 	}
+}
+
+// instanceName names this process as a lease holder.
+func instanceName() string {
+	host, _ := os.Hostname()
+	return host + ":" + strconv.Itoa(os.Getpid())
 }
 
 // admin serves /healthz (the process runs), /readyz (Redis, RabbitMQ and
