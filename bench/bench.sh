@@ -79,16 +79,21 @@ stack_write_config "$STACK_OUT/seckill.toml" 10000000 10000000
 stack_up "$STACK_OUT/seckill.toml" 2 1
 
 used_memory() { rcli info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'; }
-# sale_bytes ID — bytes held by the keys of one sale (MEMORY USAGE, exact).
-sale_bytes() {
+# used_dataset — used_memory less Redis's own overhead (clients, scripts, the
+# key space's tables): MEMORY STATS dataset.bytes.
+used_dataset() { rcli memory stats | awk 'p == "dataset.bytes" { print; exit } { p = $0 }'; }
+# keys_bytes PATTERN — bytes held by the keys matching PATTERN (MEMORY
+# USAGE, exact); sale_bytes ID — those of one sale.
+keys_bytes() {
 	local k total=0 n
 	while read -r k; do
 		[[ -n $k ]] || continue
 		n=$(rcli memory usage "$k" samples 0)
 		total=$((total + ${n:-0}))
-	done < <(rcli --scan --pattern "${SECKILL_REDIS_PREFIX}{act:$1}:*")
+	done < <(rcli --scan --pattern "$1")
 	echo "$total"
 }
+sale_bytes() { keys_bytes "${SECKILL_REDIS_PREFIX}{act:$1}:*"; }
 
 common=(-config "$STACK_OUT/seckill.toml" -targets "$PROXY_URLS" -admin-url "$BACKEND_URL"
 	-activity 0 -limit 1 -source-ips 200 -hot-share 0 -warmup 1s -drain-timeout 120s -quiet)
@@ -110,6 +115,7 @@ jsonget() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(e
 
 stack_log "2/5 purchase path at max rate"
 mem_before=$(used_memory)
+ds_before=$(used_dataset)
 run_bench max -stock 5000000 -users 20000000 -duration "$DURATION" -tail 0s -connections "$CONNS"
 max_rps=$(jsonget "$STACK_OUT/max.json" 'int(d["summary"]["requests_per_second"])')
 
@@ -119,6 +125,7 @@ max_rps=$(jsonget "$STACK_OUT/max.json" 'int(d["summary"]["requests_per_second"]
 max_id=$(jsonget "$STACK_OUT/max.json" 'd["run"]["activity_id"]')
 max_accepted=$(jsonget "$STACK_OUT/max.json" 'd["summary"]["accepted"]')
 mem_live=$(used_memory)
+ds_live=$(used_dataset)
 keys_live=$(sale_bytes "$max_id")
 now=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
 start=$(jsonget "$STACK_OUT/max.json" 'd["run"]["started_at"]')
@@ -136,18 +143,22 @@ for _ in $(seq 1 300); do
 done
 ((archived)) || stack_log "sale $max_id was not archived within 60 s"
 mem_archived=$(used_memory)
+ds_archived=$(used_dataset)
+all_archived=$(keys_bytes '*')
 keys_archived=$(sale_bytes "$max_id")
 python3 - "$STACK_OUT/memory.json" "$BENCH_REDIS" "$max_accepted" "$mem_before" "$mem_live" "$keys_live" \
-	"$mem_archived" "$keys_archived" "$archived" <<'PY'
+	"$mem_archived" "$keys_archived" "$archived" "$ds_before" "$ds_live" "$ds_archived" "$all_archived" <<'PY'
 import json, sys
-out, redis, acc, before, live, klive, arch, karch, done = sys.argv[1:]
-acc, before, live, klive, arch, karch = (int(x or 0) for x in (acc, before, live, klive, arch, karch))
+out, redis, acc, before, live, klive, arch, karch, done, dsb, dsl, dsa, alla = sys.argv[1:]
+acc, before, live, klive, arch, karch, dsb, dsl, dsa, alla = (int(x or 0) for x in (acc, before, live, klive, arch, karch, dsb, dsl, dsa, alla))
 per = lambda b: round(b / acc, 1) if acc else 0
 json.dump({"redis": redis, "accepted_orders": acc, "archived": done == "1",
            "used_memory_before": before, "used_memory_live": live, "used_memory_archived": arch,
            "sale_keys_bytes_live": klive, "sale_keys_bytes_archived": karch,
            "used_memory_per_order_live": per(live - before), "used_memory_per_order_archived": per(arch - before),
-           "sale_keys_per_order_live": per(klive), "sale_keys_per_order_archived": per(karch)},
+           "sale_keys_per_order_live": per(klive), "sale_keys_per_order_archived": per(karch),
+           "dataset_per_order_live": per(dsl - dsb), "dataset_per_order_archived": per(dsa - dsb),
+           "all_keys_bytes_archived": alla},
           open(out, "w"), indent=2)
 PY
 
@@ -194,10 +205,10 @@ rows = [
      "%d orders in %.2f s" % (dr["drain"]["orders"], dr["drain"]["seconds"]), dr["verdict_line"]),
     ("Redis memory, live sale (max-rate run, drained)", "used_memory B/order",
      mem["used_memory_per_order_live"], "≤ 200 B/order",
-     "sale's keys %.1f B/order (MEMORY USAGE); %d accepted orders; %s Redis" % (mem["sale_keys_per_order_live"], mem["accepted_orders"], mem["redis"]), mx["verdict_line"]),
+     "sale's keys %.1f B/order (MEMORY USAGE), dataset %.1f B/order; %d accepted orders; %s Redis" % (mem["sale_keys_per_order_live"], mem["dataset_per_order_live"], mem["accepted_orders"], mem["redis"]), mx["verdict_line"]),
     ("Redis memory, same sale archived", "used_memory B/order",
      mem["used_memory_per_order_archived"], "0 B/order",
-     "sale's keys %d B in all (summary)%s" % (mem["sale_keys_bytes_archived"], "" if mem["archived"] else "; NOT ARCHIVED"), mx["verdict_line"]),
+     "sale's keys %d B in all (summary), dataset %.1f B/order%s" % (mem["sale_keys_bytes_archived"], mem["dataset_per_order_archived"], "" if mem["archived"] else "; NOT ARCHIVED"), mx["verdict_line"]),
 ]
 proxy = ""
 p = os.path.join(out, "proxy.txt")
