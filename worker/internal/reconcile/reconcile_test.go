@@ -215,3 +215,31 @@ func TestLostSaleIsRebuilt(t *testing.T) {
 		t.Errorf("retry with alice's key after the rebuild: %+v, want a replay of %s", res, ids["alice"])
 	}
 }
+
+// TestArchivedSaleIsNotRebuilt: an archived sale whose summary is gone (its
+// TTL ended, or Redis lost it) is not brought back, and its id leaves the
+// activity set.
+func TestArchivedSaleIsNotRebuilt(t *testing.T) {
+	t.Parallel()
+	r, _ := newRig(t)
+	ctx := context.Background()
+	_, err := r.db.Exec(`UPDATE activities SET archived_at = UTC_TIMESTAMP(3) WHERE id = ?`, act)
+	servicetest.Must(t, err, "archive in MySQL")
+	k := r.store.Keys(act)
+	r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem, k.OrderKeys)
+	if rep := r.pass(t, false); !rep.Archived || len(rep.Repairs) != 0 {
+		t.Fatalf("report %s", rep)
+	}
+	if n := r.rdb.Exists(ctx, k.Meta, k.Users, k.Orders).Val(); n != 0 {
+		t.Errorf("%d keys of the archived sale came back", n)
+	}
+	if ids, _ := r.store.Activities(ctx); len(ids) != 0 {
+		t.Errorf("activity set = %v", ids)
+	}
+	// Gone from the set and archived in MySQL: not even listed any more.
+	reps, err := r.rec.Pass(ctx, true)
+	servicetest.Must(t, err, "forced pass")
+	if len(reps) != 0 {
+		t.Errorf("a forced pass looked at %v", reps)
+	}
+}
