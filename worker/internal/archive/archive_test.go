@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -332,5 +333,56 @@ func TestArchiveRacesAPurchase(t *testing.T) {
 	}
 	if got := r.keys(); len(got) != 1 || got[0] != "{act:1}:meta" {
 		t.Errorf("keys: %v", got)
+	}
+}
+
+// TestArchiveConcurrentArchivers: archivers that run at once (a lease handed
+// over while the old holder still works) archive each sale exactly once and
+// agree on the result; the row lock serialises them.
+func TestArchiveConcurrentArchivers(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	end := r.redisNow().Add(1500 * time.Millisecond)
+	const sales = 6
+	for id := int64(1); id <= sales; id++ {
+		r.open(id, 5, 1, end)
+		r.sell(id, "alice", "bob")
+	}
+	r.waitPast(end)
+	arcs := []*Archiver{r.arc,
+		New(r.arc.cfg, r.rdb, r.store, r.db, slog.New(slog.NewTextHandler(io.Discard, nil)), nil),
+		New(r.arc.cfg, r.rdb, r.store, r.db, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)}
+	results := make([]map[int64]Outcome, len(arcs))
+	errs := make([]error, len(arcs))
+	var wg sync.WaitGroup
+	for i, a := range arcs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = a.Pass(context.Background())
+		}()
+	}
+	wg.Wait()
+	for id := int64(1); id <= sales; id++ {
+		done := 0
+		for i := range arcs {
+			servicetest.Must(t, errs[i], "pass %d", i)
+			switch results[i][id] {
+			case Archived:
+				done++
+			case Repaired, "":
+			default:
+				t.Errorf("archiver %d, sale %d: %s", i, id, results[i][id])
+			}
+		}
+		if done != 1 {
+			t.Errorf("sale %d archived %d times", id, done)
+		}
+		if !r.archivedInMySQL(id) {
+			t.Errorf("sale %d not archived in MySQL", id)
+		}
+	}
+	if got := r.keys(); len(got) != sales {
+		t.Errorf("keys left: %v", got)
 	}
 }
