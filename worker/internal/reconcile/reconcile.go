@@ -208,11 +208,22 @@ func (c *Reconciler) activity(ctx context.Context, id int64, force bool) (Report
 		return rep, fmt.Errorf("read activity %d: %w", id, err)
 	}
 	rep.MySQLTotal, rep.MySQLSold = ms.total, ms.sold
-	if (found && sale.Archived) || (!found && ms.archived) {
+	if ms.archived && (!found || sale.Archived) {
 		// Archived (the archiver's work): MySQL answers for it, Redis keeps
 		// at most its summary, and nothing walks it any more.
 		rep.Archived = true
 		return rep, c.store.Deactivate(cctx, id)
+	}
+	if found && sale.Archived && sale.Gen >= ms.gen {
+		// Archived in Redis, not yet marked in MySQL: the archiver finishes
+		// it (it walks the set, so the id stays).
+		rep.Archived = true
+		return rep, nil
+	}
+	if found && sale.Archived {
+		// An admin change reopened the sale in MySQL and its Redis write did
+		// not happen: a newer generation rebuilds it whole.
+		found = false
 	}
 	if !found {
 		if err := c.rebuild(cctx, id, ms); err != nil {
