@@ -57,7 +57,9 @@ stack_init() {
 	export SECKILL_REDIS_PREFIX="${STACK_ID}:"
 	export SECKILL_AMQP_PREFIX="${STACK_ID}"
 	export SECKILL_MYSQL_DSN="root@tcp(127.0.0.1:3306)/seckill_${STACK_ID}"
-	export SECKILL_ADMIN_TOKEN="tok-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
+	# 32 random bytes: the backend refuses tokens shorter than 32 bytes
+	# outside dev_mode.
+	export SECKILL_ADMIN_TOKEN="tok-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"
 	STACK_DB="seckill_${STACK_ID}"
 	stack_log "isolated stack $STACK_ID (Redis prefix $SECKILL_REDIS_PREFIX, AMQP prefix $SECKILL_AMQP_PREFIX, database $STACK_DB)"
 }

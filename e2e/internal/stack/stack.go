@@ -3,6 +3,8 @@ package stack
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -25,8 +27,13 @@ import (
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
-// AdminToken is the admin token of every test stack.
-const AdminToken = "e2e-admin-token-Zq8"
+// AdminToken is the admin token of every test stack: random per test
+// process and strong enough for the backend outside dev_mode.
+var AdminToken = func() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return "e2e-" + hex.EncodeToString(b)
+}()
 
 // Fast is the config of fault tests: reservations go overdue after 2s, the
 // sweeper looks every 200ms and gives up on a message 2s after the deadline,
