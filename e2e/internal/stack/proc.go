@@ -83,6 +83,8 @@ func moduleRoot(t testing.TB) string {
 type Proc struct {
 	Name string // "backend-0"
 	Addr string // listen address (host:port)
+	// AdminAddr is a proxy's admin listener (Addr is its forwarding one).
+	AdminAddr string
 	bin  string
 	args []string
 	env  []string

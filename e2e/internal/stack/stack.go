@@ -83,6 +83,7 @@ type Stack struct {
 	Res        *reservation.Store
 	Backends   []*Proc
 	Workers    []*Proc
+	Proxies    []*Proc // started by StartProxy
 	HTTP       *http.Client
 	// RedisLost is set by a test that deletes Redis data (FLUSHDB): the
 	// records of orders settled before the loss are gone for good (MySQL
