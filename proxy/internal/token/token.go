@@ -24,6 +24,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/ordermsg"
 )
 
 // Errors of Verify; every failure wraps one of these.
@@ -246,7 +247,7 @@ func (v *Verifier) Verify(tok []byte) (string, error) {
 		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	user, ok := claimString(claims[v.claim])
-	if !ok || !ValidUserID(user) {
+	if !ok || !ordermsg.ValidUserID(user) {
 		return "", fmt.Errorf("%w: claim %q", ErrClaim, v.claim)
 	}
 	return user, nil
@@ -263,18 +264,4 @@ func claimString(c any) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// ValidUserID is the backend's X-User-ID rule: 1–64 of [A-Za-z0-9_.-].
-func ValidUserID(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
