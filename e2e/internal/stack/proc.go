@@ -85,10 +85,10 @@ type Proc struct {
 	Addr string // listen address (host:port)
 	// AdminAddr is a proxy's admin listener (Addr is its forwarding one).
 	AdminAddr string
-	bin  string
-	args []string
-	env  []string
-	log  string
+	bin       string
+	args      []string
+	env       []string
+	log       string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
