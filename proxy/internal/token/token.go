@@ -55,6 +55,9 @@ type Verifier struct {
 	parser *jwt.Parser
 	method jwt.SigningMethod
 	key    any
+	leeway time.Duration
+	now    func() time.Time
+	cache  *cache
 }
 
 // New reads the key file and builds a Verifier. Errors name the key.
@@ -62,7 +65,7 @@ func New(c conf.JWT) (*Verifier, error) { return newVerifier(c, time.Now) }
 
 // newVerifier is New with the clock that exp and nbf are checked against.
 func newVerifier(c conf.JWT, now func() time.Time) (*Verifier, error) {
-	v := &Verifier{claim: c.Claim}
+	v := &Verifier{claim: c.Claim, leeway: c.Leeway.Duration, now: now, cache: newCache()}
 	if c.Cookie != "" {
 		v.cookie = []byte(c.Cookie)
 	} else {
@@ -242,6 +245,16 @@ func (v *Verifier) Verify(tok []byte) (string, error) {
 	if len(tok) > maxTokenBytes {
 		return "", fmt.Errorf("%w: longer than %d bytes", ErrInvalid, maxTokenBytes)
 	}
+	now := v.now()
+	if user, ok := v.cache.get(tok, now); ok {
+		return user, nil
+	}
+	return v.verify(tok, now)
+}
+
+// verify is Verify without the cache lookup: the signature and claims
+// checks, then the cache fill.
+func (v *Verifier) verify(tok []byte, now time.Time) (string, error) {
 	claims := jwt.MapClaims{}
 	if _, err := v.parser.ParseWithClaims(string(tok), claims, v.keyFunc); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -249,6 +262,9 @@ func (v *Verifier) Verify(tok []byte) (string, error) {
 	user, ok := claimString(claims[v.claim])
 	if !ok || !ordermsg.ValidUserID(user) {
 		return "", fmt.Errorf("%w: claim %q", ErrClaim, v.claim)
+	}
+	if exp, err := claims.GetExpirationTime(); err == nil && exp != nil {
+		v.cache.put(tok, user, exp.Add(v.leeway), now)
 	}
 	return user, nil
 }
