@@ -57,8 +57,47 @@ func Compile(denyPrefixes []string, rules []conf.Rule) (*Policy, error) {
 
 // Denied reports whether path falls under a deny prefix. Matching ignores
 // ASCII case (an upstream may route case-insensitively), and a prefix
-// ending in '/' also covers the path without that slash ("/admin").
+// ending in '/' also covers the path without that slash ("/admin"). A path
+// with ';' or '\\' is also matched as servers that take those for path
+// parameters (Tomcat: "/admin;x/", "/..;/") or separators (IIS) read it.
 func (p *Policy) Denied(path []byte) bool {
+	if p.denied(path) {
+		return true
+	}
+	if len(p.deny) > 0 && bytes.ContainsAny(path, ";\\") {
+		return p.denied(lenient(path))
+	}
+	return false
+}
+
+// lenient rewrites path the way a lenient server routes it: '\\' as '/',
+// each segment's ";parameters" dropped, then empty, "." and ".." segments
+// resolved.
+func lenient(path []byte) []byte {
+	var segs [][]byte
+	for _, seg := range bytes.Split(bytes.ReplaceAll(path, []byte{'\\'}, []byte{'/'}), []byte{'/'}) {
+		if i := bytes.IndexByte(seg, ';'); i >= 0 {
+			seg = seg[:i]
+		}
+		switch string(seg) {
+		case "", ".":
+		case "..":
+			if len(segs) > 0 {
+				segs = segs[:len(segs)-1]
+			}
+		default:
+			segs = append(segs, seg)
+		}
+	}
+	out := []byte{'/'}
+	out = append(out, bytes.Join(segs, []byte{'/'})...)
+	if len(segs) > 0 && len(path) > 0 && (path[len(path)-1] == '/' || path[len(path)-1] == '\\') {
+		out = append(out, '/')
+	}
+	return out
+}
+
+func (p *Policy) denied(path []byte) bool {
 	for _, d := range p.deny {
 		if len(path) >= len(d) && bytes.EqualFold(path[:len(d)], d) {
 			return true

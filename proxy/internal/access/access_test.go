@@ -1,6 +1,7 @@
 package access
 
 import (
+	"bytes"
 	"net/netip"
 	"testing"
 
@@ -23,6 +24,8 @@ func TestPolicy(t *testing.T) {
 	}{
 		{"/admin/v1/activities/1", true}, {"/admin", true}, {"/admin/", true}, {"/ADMIN/x", true}, {"/Admin", true},
 		{"/metrics", true}, {"/metricsx", true}, {"/readyz", true}, {"/healthz", true}, {"/debug/pprof", true}, {"/debug", true},
+		{"/admin;jsessionid=1/v1", true}, {"/api/..;/admin/v1", true}, {"/api/v1/..;/..;/metrics", true}, {"/admin\\v1", true},
+		{"/x;/readyz", false}, {"/api;x/v1/activities/1", false}, {"/debug;x", true},
 		{"/adminx", false}, {"/admi", false}, {"/api/v1/metrics", false}, {"/", false}, {"", false}, {"/debugger", false},
 	} {
 		if got := p.Denied([]byte(tc.path)); got != tc.denied {
@@ -57,4 +60,25 @@ func TestPolicy(t *testing.T) {
 	if none.Denied([]byte("/admin/")) {
 		t.Error("an empty deny list denies")
 	}
+}
+
+// FuzzDenied: a path denied as sent stays denied in any ASCII case, and
+// Denied never panics.
+func FuzzDenied(f *testing.F) {
+	p, err := Compile(conf.DefaultDenyPrefixes(), nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"/admin/", "/api/..;/admin", "/a\\b", ";", "/..;/..;/", "/metrics;x"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, path []byte) {
+		d := p.Denied(path)
+		if d != p.Denied(bytes.ToUpper(path)) || d != p.Denied(bytes.ToLower(path)) {
+			t.Fatalf("Denied(%q) depends on case", path)
+		}
+		if l := lenient(path); len(l) == 0 || l[0] != '/' {
+			t.Fatalf("lenient(%q) = %q", path, l)
+		}
+	})
 }
