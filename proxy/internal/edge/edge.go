@@ -1,6 +1,6 @@
 // Package edge is the proxy's request path: deny list and user identity
-// (JWT), sold-out short cut, client identity, rate limits, then forwarding; plus the proxy's own error answers
-// (problem+json) and its admin endpoints.
+// (JWT), sold-out short cut, client identity, rate limits, then forwarding;
+// plus the proxy's own error answers (problem+json) and its admin endpoints.
 package edge
 
 import (
