@@ -6,7 +6,6 @@ package salesdb
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 
 	"github.com/seckill/seckill/internal/reservation"
@@ -64,28 +63,27 @@ func Decided(ctx context.Context, q Querier, id int64) ([]reservation.Decided, e
 	return out, nil
 }
 
-// Row is *sql.DB or *sql.Tx for single-row reads.
-type Row interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// OrderByKey finds the order that user's Idempotency-Key named in activity
-// id; found is false when there is none. An order released after a failed
-// publish does not count (its client was told nothing was kept and may use
-// the key again), as in Decided.
-func OrderByKey(ctx context.Context, q Row, id int64, user, key string) (o reservation.Decided, found bool, err error) {
-	var status string
-	err = q.QueryRowContext(ctx, `SELECT order_id, quantity, status, COALESCE(reason, '') FROM orders
+// KeyOrder returns MySQL's order of (activity, user, idempotency key), if
+// any. An order released after a failed publish does not count (its client
+// was told nothing was kept and may use the key again), as in Decided.
+func KeyOrder(ctx context.Context, q Querier, id int64, user, key string) (reservation.Decided, bool, error) {
+	rows, err := q.QueryContext(ctx, `SELECT order_id, quantity, status, COALESCE(reason, '') FROM orders
 		WHERE activity_id = ? AND user_id = ? AND idempotency_key = ? AND NOT (status = 'failed' AND reason = 'released')
-		ORDER BY created_at LIMIT 1`, id, user, key).Scan(&o.OrderID, &o.Quantity, &status, &o.Reason)
-	if errors.Is(err, sql.ErrNoRows) {
-		return o, false, nil
-	}
+		ORDER BY created_at LIMIT 1`, id, user, key)
 	if err != nil {
-		return o, false, fmt.Errorf("order of key in activity %d: %w", id, err)
+		return reservation.Decided{}, false, fmt.Errorf("read the order of a key: %w", err)
 	}
-	o.UserID, o.IdempotencyKey, o.Confirmed = user, key, status == "confirmed"
-	return o, true, nil
+	defer rows.Close()
+	if !rows.Next() {
+		return reservation.Decided{}, false, rows.Err()
+	}
+	d := reservation.Decided{UserID: user, IdempotencyKey: key}
+	var status string
+	if err := rows.Scan(&d.OrderID, &d.Quantity, &status, &d.Reason); err != nil {
+		return reservation.Decided{}, false, fmt.Errorf("read the order of a key: %w", err)
+	}
+	d.Confirmed = status == "confirmed"
+	return d, true, rows.Err()
 }
 
 // Restore writes MySQL's decided orders of activity id back into Redis after

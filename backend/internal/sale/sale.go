@@ -181,7 +181,7 @@ func (s *Service) archived(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	}
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	o, found, err := salesdb.OrderByKey(qctx, s.db, r.ActivityID, r.UserID, r.IdempotencyKey)
+	o, found, err := salesdb.KeyOrder(qctx, s.db, r.ActivityID, r.UserID, r.IdempotencyKey)
 	if err != nil {
 		return PurchaseResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
