@@ -8,7 +8,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -21,6 +20,7 @@ import (
 	"github.com/seckill/seckill/backend/internal/sale"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/cli"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
@@ -32,23 +32,27 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:])
 	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "backend:", err)
-		os.Exit(1)
-	}
+	cli.Report(os.Stderr, "backend", err)
+	os.Exit(cli.ExitCode(err))
 }
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("backend", flag.ContinueOnError)
-	configPath := fs.String("config", conf.DefaultPath, "configuration file")
+	flags := cli.AddFlags(fs, "backend", true)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := conf.LoadDefault(*configPath)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if done, err := flags.Early(os.Stdout, os.Getenv, func(c conf.Config) string { return c.Backend.Listen }); done {
+		return err
+	}
+	cfg, err := conf.LoadDefault(flags.Config)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "backend")
+	log := cli.Logger(os.Stderr, cfg.Log, "backend")
 	stopPprof, err := profiling.Start(log)
 	if err != nil {
 		return err
@@ -71,7 +75,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	reg := metrics.NewRegistry()
+	reg := metrics.NewRegistry("backend")
 	host, _ := os.Hostname()
 	pub, err := broker.NewPublisher(startCtx,
 		broker.PublisherConfigFrom(cfg.RabbitMQ, fmt.Sprintf("seckill-backend@%s:%d", host, os.Getpid())),

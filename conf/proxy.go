@@ -28,7 +28,10 @@ type Proxy struct {
 	// SoldOutTTL is how long the proxy answers a sold-out activity itself.
 	SoldOutTTL    Duration `toml:"sold_out_ttl"`
 	ShutdownGrace Duration `toml:"shutdown_grace"`
-	Rules         []Rule   `toml:"rules"`
+	// DrainDelay is how long the admin /readyz fails after SIGTERM, while
+	// requests are still forwarded, before the listeners close.
+	DrainDelay Duration `toml:"drain_delay"`
+	Rules      []Rule   `toml:"rules"`
 }
 
 // Rule is one [[proxy.rules]] entry.
@@ -99,6 +102,7 @@ func (x *Proxy) validate(p *problems) {
 	checkPositive(p, "proxy.redis_timeout", x.RedisTimeout)
 	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)
 	checkPositive(p, "proxy.shutdown_grace", x.ShutdownGrace)
+	checkNonNegative(p, "proxy.drain_delay", x.DrainDelay)
 	names := map[string]bool{}
 	for i := range x.Rules {
 		// By index: validate also fills a rule's defaults.

@@ -10,7 +10,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/cli"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
@@ -44,12 +44,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:])
 	stop()
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "worker:", err)
-		}
-		os.Exit(1)
-	}
+	cli.Report(os.Stderr, "worker", err)
+	os.Exit(cli.ExitCode(err))
 }
 
 // run picks the subcommand: a first argument that is not a flag names one;
@@ -63,7 +59,7 @@ func run(ctx context.Context, args []string) error {
 		}
 	}
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	path := fs.String("config", conf.DefaultPath, "configuration file")
+	flags := cli.AddFlags(fs, "worker", command == "")
 	force := false
 	if command == "reconcile" {
 		fs.BoolVar(&force, "force", false, "sync every sale exactly under MySQL's row lock")
@@ -74,11 +70,14 @@ func run(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	cfg, err := conf.LoadDefault(*path)
+	if done, err := flags.Early(os.Stdout, os.Getenv, func(c conf.Config) string { return c.Worker.Listen }); done {
+		return err
+	}
+	cfg, err := conf.LoadDefault(flags.Config)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "worker")
+	log := cli.Logger(os.Stderr, cfg.Log, "worker")
 	if command == "reconcile" {
 		return reconcileOnce(ctx, cfg, log, force)
 	}
@@ -135,7 +134,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	defer rdb.Close()
 	defer db.Close()
 
-	reg := metrics.NewRegistry()
+	reg := metrics.NewRegistry("worker")
 	m := workermetrics.New(reg)
 	sales := reservation.New(rdb, cfg.Redis.KeyPrefix)
 	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), m, log)
