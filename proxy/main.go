@@ -20,6 +20,7 @@ import (
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/cli"
+	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
 	"github.com/seckill/seckill/proxy/internal/edge"
 )
@@ -81,6 +82,8 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 		return fmt.Errorf("listen %s: %w", cfg.Proxy.AdminListen, err)
 	}
 	srv, admin := p.Server(log), p.AdminServer(log)
+	var gate shutdown.Gate
+	admin.Handler = gate.Readyz(admin.Handler)
 
 	bg, bgCancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -105,7 +108,10 @@ loop:
 			reload(*path, env, p, log)
 		}
 	}
-	log.Info("proxy draining", "grace", cfg.Proxy.ShutdownGrace.String())
+	if serveErr == nil {
+		gate.Drain(log, cfg.Proxy.DrainDelay.Duration)
+	}
+	log.Info("proxy draining", "grace", cfg.Proxy.ShutdownGrace.Duration)
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.Proxy.ShutdownGrace.Duration)
 	defer scancel()
 	if err := srv.ShutdownWithContext(sctx); err != nil && serveErr == nil {

@@ -32,6 +32,7 @@ import (
 	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
 	"github.com/seckill/seckill/worker/internal/consume"
 	"github.com/seckill/seckill/worker/internal/reconcile"
@@ -157,8 +158,9 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Worker.Listen, err)
 	}
+	var gate shutdown.Gate
 	srv := &fasthttp.Server{
-		Handler:               admin(rdb, db, consumer, metrics.Handler(reg)),
+		Handler:               gate.Readyz(admin(rdb, db, consumer, metrics.Handler(reg))),
 		Name:                  "seckill-worker",
 		ReadTimeout:           5 * time.Second,
 		WriteTimeout:          10 * time.Second,
@@ -169,9 +171,21 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("worker started", "listen", ln.Addr().String(), "queue", consume.ConfigFrom(cfg).Topology.Queue)
 
+	// On SIGTERM readiness fails for drain_delay while the worker still
+	// consumes; then consuming stops.
+	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	go func() {
+		select {
+		case <-ctx.Done():
+			gate.Drain(log, cfg.Worker.DrainDelay.Duration)
+		case <-workCtx.Done():
+		}
+		stopWork()
+	}()
 	// The consumer declares the topology on every (re)connect and returns
-	// once ctx ended and its batches in hand are written, acked and settled.
-	cerr := consumer.Run(ctx)
+	// once workCtx ended and its batches in hand are written, acked and settled.
+	cerr := consumer.Run(workCtx)
 	shutCtx, cancelShut := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancelShut()
 	if err := srv.ShutdownWithContext(shutCtx); err != nil {

@@ -192,6 +192,18 @@ func (p *Proc) Kill(t testing.TB) {
 	<-exited
 }
 
+// Signal sends sig to the running process.
+func (p *Proc) Signal(t testing.TB, sig os.Signal) {
+	t.Helper()
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd == nil {
+		t.Fatalf("%s: not started", p.Name)
+	}
+	servicetest.Must(t, cmd.Process.Signal(sig), "signal %s", p.Name)
+}
+
 // Stop sends SIGTERM and waits up to grace; then SIGKILL. An error reports a
 // process that did not stop on SIGTERM or exited with an error on it.
 func (p *Proc) Stop(grace time.Duration) error {
