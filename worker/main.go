@@ -26,6 +26,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/cli"
 	"github.com/seckill/seckill/internal/metrics"
@@ -204,7 +205,7 @@ func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *r
 	host, _ := os.Hostname()
 	instance := host + ":" + strconv.Itoa(os.Getpid())
 	pm := broker.NewPublisherMetrics(reg, "seckill_worker")
-	backoff := cfg.RabbitMQ.ReconnectMin.Duration
+	bo := backoff.New(cfg.RabbitMQ.ReconnectMin.Duration, cfg.RabbitMQ.ReconnectMax.Duration)
 	for {
 		pub, err := broker.NewPublisher(ctx, broker.PublisherConfigFrom(cfg.RabbitMQ, "seckill-sweeper "+instance), log, pm)
 		if err == nil {
@@ -220,13 +221,11 @@ func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *r
 				return
 			}
 		}
-		log.Warn("sweeper", "err", err, "retry_in", backoff.String())
-		select {
-		case <-ctx.Done():
+		wait := bo.Next()
+		log.Warn("sweeper", "err", err, "retry_in", wait)
+		if !backoff.Sleep(ctx, wait) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, cfg.RabbitMQ.ReconnectMax.Duration)
 	}
 }
 
