@@ -35,6 +35,7 @@ import (
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
+	"github.com/seckill/seckill/worker/internal/backlog"
 	"github.com/seckill/seckill/worker/internal/consume"
 	"github.com/seckill/seckill/worker/internal/reconcile"
 	"github.com/seckill/seckill/worker/internal/store"
@@ -139,6 +140,10 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	reg := metrics.NewRegistry("worker")
 	m := workermetrics.New(reg)
 	sales := reservation.New(rdb, cfg.Redis.KeyPrefix)
+	topo := broker.TopologyFor(cfg.RabbitMQ)
+	queues := backlog.New(rdb, sales, cfg.RabbitMQ.URL, []string{topo.Queue, topo.DeadQueue}, 2*time.Second)
+	defer queues.Close()
+	reg.MustRegister(queues)
 	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), m, log)
 
 	// The sweeper and the reconciler run beside the consumer until ctx ends.
