@@ -71,4 +71,4 @@ lint:
 clean:
 	rm -rf $(BIN)
 
--include proxy/proxy.mk bench/bench.mk worker/worker.mk
+-include proxy/proxy.mk bench/bench.mk worker/worker.mk deploy/deploy.mk
