@@ -115,7 +115,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *cli.Flags, options, map[strin
 	fs.SetOutput(stderr)
 	common := cli.AddFlags(fs, "bench", false)
 	var o options
-	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token of the admin API (default $SECKILL_ADMIN_TOKEN, else [backend] admin_token)")
+	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token of the admin API (default $SECKILL_ADMIN_TOKEN, else [backend] admin_token or admin_token_file)")
 	fs.StringVar(&o.jsonPath, "json", "", "write the report as JSON to this file")
 	fs.StringVar(&o.htmlPath, "html", "", "write the report as a self-contained HTML page to this file")
 	fs.StringVar(&o.beforeDrain, "before-drain", "", "shell command run after the load and before the drain wait (e.g. start or resume workers)")
@@ -185,7 +185,12 @@ func resolveOptions(o *options, cfg conf.Config, tokenSet bool) error {
 	if !tokenSet {
 		o.adminToken = os.Getenv(conf.EnvAdminToken)
 		if o.adminToken == "" {
-			o.adminToken = cfg.Backend.AdminToken
+			// admin_token or admin_token_file, as the backend reads them.
+			tok, err := cfg.Backend.ReadAdminToken()
+			if err != nil {
+				return err
+			}
+			o.adminToken = tok
 		}
 	}
 	if o.adminToken == "" {

@@ -31,7 +31,11 @@ type Proxy struct {
 	// DrainDelay is how long the admin /readyz fails after SIGTERM, while
 	// requests are still forwarded, before the listeners close.
 	DrainDelay Duration `toml:"drain_delay"`
-	Rules      []Rule   `toml:"rules"`
+	// DenyPrefixes are paths answered 404 and never forwarded, unless a rule
+	// allows its client (RuleAccess.AllowFrom).
+	DenyPrefixes []string `toml:"deny_prefixes"`
+	Identity     Identity `toml:"identity"`
+	Rules        []Rule   `toml:"rules"`
 }
 
 // Rule is one [[proxy.rules]] entry.
@@ -44,6 +48,7 @@ type Rule struct {
 	// OnRedisError is "local", "open" or "closed".
 	OnRedisError string `toml:"on_redis_error"`
 	Shadow       bool   `toml:"shadow"`
+	RuleAccess
 }
 
 // Window is a sliding-window limit: at most Limit admitted requests per Window.
@@ -68,6 +73,7 @@ func defaultProxy() Proxy {
 		RedisTimeout:    D(20 * time.Millisecond),
 		SoldOutTTL:      D(time.Second),
 		ShutdownGrace:   D(10 * time.Second),
+		DenyPrefixes:    DefaultDenyPrefixes(),
 	}
 }
 
@@ -103,10 +109,19 @@ func (x *Proxy) validate(p *problems) {
 	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)
 	checkPositive(p, "proxy.shutdown_grace", x.ShutdownGrace)
 	checkNonNegative(p, "proxy.drain_delay", x.DrainDelay)
+	for i, d := range x.DenyPrefixes {
+		if !strings.HasPrefix(d, "/") {
+			p.add(keyIndex("proxy.deny_prefixes", i), "must start with /, got %q", d)
+		}
+	}
+	if x.Identity.JWT != nil {
+		x.Identity.JWT.validate(p)
+	}
 	names := map[string]bool{}
 	for i := range x.Rules {
 		// By index: validate also fills a rule's defaults.
 		x.Rules[i].validate(p, keyIndex("proxy.rules", i), names)
+		x.Rules[i].RuleAccess.validate(p, keyIndex("proxy.rules", i), x.Identity.JWT)
 	}
 }
 

@@ -83,10 +83,12 @@ func moduleRoot(t testing.TB) string {
 type Proc struct {
 	Name string // "backend-0"
 	Addr string // listen address (host:port)
-	bin  string
-	args []string
-	env  []string
-	log  string
+	// AdminAddr is a proxy's admin listener (Addr is its forwarding one).
+	AdminAddr string
+	bin       string
+	args      []string
+	env       []string
+	log       string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -190,18 +192,6 @@ func (p *Proc) Kill(t testing.TB) {
 	}
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-exited
-}
-
-// Signal sends sig to the running process.
-func (p *Proc) Signal(t testing.TB, sig os.Signal) {
-	t.Helper()
-	p.mu.Lock()
-	cmd := p.cmd
-	p.mu.Unlock()
-	if cmd == nil {
-		t.Fatalf("%s: not started", p.Name)
-	}
-	servicetest.Must(t, cmd.Process.Signal(sig), "signal %s", p.Name)
 }
 
 // Stop sends SIGTERM and waits up to grace; then SIGKILL. An error reports a
