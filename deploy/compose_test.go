@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -68,14 +69,32 @@ func TestCompose(t *testing.T) {
 			}
 			return ""
 		}
-		if _, err := conf.Load(filepath.Join("..", "conf", "seckill.toml"), env); err != nil {
+		doc, err := os.ReadFile(filepath.Join("..", "conf", "seckill.toml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range s.Configs {
+			if c.Target == s.Command[2] {
+				doc = []byte(p.Configs[c.Source].Content)
+			}
+		}
+		cfg, err := conf.Parse(string(doc), env)
+		if err != nil {
 			t.Errorf("%s: the configuration it would run with: %v", name, err)
+			continue
+		}
+		if name == "proxy" {
+			// Trusted: the bench container's address only.
+			bench := p.Services["bench"].Networks["default"]
+			if bench == nil || !slices.Equal(cfg.Proxy.TrustedProxies, []string{bench.Ipv4Address + "/32"}) {
+				t.Errorf("proxy trusts %v; want only the bench container (%v)", cfg.Proxy.TrustedProxies, bench)
+			}
 		}
 		if bin == "bench" {
 			continue
 		}
 		hc := s.HealthCheck
-		want := []string{"CMD", s.Command[0], "-healthcheck", "-config", "/etc/seckill/seckill.toml"}
+		want := []string{"CMD", s.Command[0], "-healthcheck", "-config", s.Command[2]}
 		if hc == nil || !slices.Equal([]string(hc.Test), want) {
 			t.Errorf("%s: healthcheck %v, want %v", name, hc, want)
 		}

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/e2e/internal/stack"
 )
 
@@ -21,15 +20,9 @@ func TestSIGTERMFailsReadinessBeforeListenersClose(t *testing.T) {
 	}
 	t.Parallel()
 	d := fmt.Sprintf("drain_delay = %q\n", drainDelay.String())
-	s := stack.New(t, stack.Options{Backends: 1, Workers: 1,
-		Config: "[backend]\n" + d + "[worker]\n" + d + "[proxy]\n" + d})
+	s := stack.New(t, stack.Options{Backends: 1, Workers: 1, Config: "[backend]\n" + d + "[worker]\n" + d})
 	backend, worker := s.Backends[0], s.Workers[0]
-	listen, admin := stack.FreeAddr(t), stack.FreeAddr(t)
-	proxy := stack.NewProc(t, stack.Binary(t, "proxy"), "proxy", admin, s.Dir,
-		append(append([]string{}, s.Env...), conf.EnvProxyListen+"="+listen, conf.EnvProxyAdminListen+"="+admin,
-			conf.EnvProxyUpstreams+"="+backend.URL()), "-config", s.ConfigPath)
-	proxy.Start(t)
-	proxy.WaitReady(t, "/readyz")
+	proxy := s.StartProxy(t, "proxy", "[proxy]\n"+d)
 
 	client := &http.Client{Timeout: 2 * time.Second}
 	get := func(url string) int {
@@ -47,7 +40,7 @@ func TestSIGTERMFailsReadinessBeforeListenersClose(t *testing.T) {
 		ready   string
 		serving string
 	}{
-		{proxy, proxy.URL() + "/readyz", "http://" + listen + "/healthz"}, // forwarded to the backend
+		{proxy, "http://" + proxy.AdminAddr + "/readyz", proxy.URL() + "/api/v1/activities/1"}, // forwarded to the backend
 		{backend, backend.URL() + "/readyz", backend.URL() + "/api/v1/activities/1"},
 		{worker, worker.URL() + "/readyz", worker.URL() + "/healthz"},
 	} {

@@ -17,7 +17,6 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/e2e/internal/stack"
 	"github.com/seckill/seckill/internal/servicetest"
 )
@@ -98,12 +97,10 @@ func TestPrometheusScrapesTheStackAndEveryQueryAnswers(t *testing.T) {
 	// reconciler runs every second so its series exist.
 	s := stack.New(t, stack.Options{Backends: 1, Workers: 1, Config: "[worker]\nreconcile_interval = \"1s\"\n"})
 	backend, worker := s.Backends[0], s.Workers[0]
-	listen, admin := stack.FreeAddr(t), stack.FreeAddr(t)
-	proxy := stack.NewProc(t, stack.Binary(t, "proxy"), "proxy", listen, s.Dir,
-		append(append([]string{}, s.Env...), conf.EnvProxyListen+"="+listen, conf.EnvProxyAdminListen+"="+admin,
-			conf.EnvProxyUpstreams+"="+backend.URL()), "-config", s.ConfigPath)
-	proxy.Start(t)
-	proxy.WaitReady(t, "/healthz") // forwarded to the backend
+	// The crowd stands in for an authenticating layer on loopback: the proxy
+	// keeps the X-User-ID of trusted peers only.
+	proxy := s.StartProxy(t, "proxy", "[proxy]\ntrusted_proxies = [\"127.0.0.0/8\"]\n")
+	admin := proxy.AdminAddr
 	sale := s.CreateSale(t, 77, 50, 1)
 	c := stack.NewCrowd(sale, 80, 1, "prom")
 	c.Run(s, []*stack.Proc{proxy})
