@@ -20,6 +20,9 @@ type Worker struct {
 	RepublishAfter    Duration `toml:"republish_after"`
 	ReconcileInterval Duration `toml:"reconcile_interval"`
 	ShutdownGrace     Duration `toml:"shutdown_grace"`
+	// DrainDelay is how long /readyz fails after SIGTERM before the worker
+	// stops consuming and its listener closes.
+	DrainDelay Duration `toml:"drain_delay"`
 	// ArchiveInterval is how often the archiver (one worker of the fleet at a
 	// time) looks for sales to archive; ArchiveGrace how long after a sale's
 	// end it waits; ArchiveSummaryTTL how long the counters of an archived
@@ -60,6 +63,7 @@ func (w *Worker) validate(p *problems) {
 	checkPositive(p, "worker.republish_after", w.RepublishAfter)
 	checkPositive(p, "worker.reconcile_interval", w.ReconcileInterval)
 	checkPositive(p, "worker.shutdown_grace", w.ShutdownGrace)
+	checkNonNegative(p, "worker.drain_delay", w.DrainDelay)
 	checkPositive(p, "worker.archive_interval", w.ArchiveInterval)
 	checkPositive(p, "worker.archive_grace", w.ArchiveGrace)
 	checkPositive(p, "worker.archive_summary_ttl", w.ArchiveSummaryTTL)
