@@ -23,6 +23,15 @@ type Backend struct {
 	WriteTimeout   Duration `toml:"write_timeout"`
 	IdleTimeout    Duration `toml:"idle_timeout"`
 	ShutdownGrace  Duration `toml:"shutdown_grace"`
+
+	// The read path (docs/read-path.md).
+	// StateCacheTTL: a sale state is answered from the local cache this long.
+	StateCacheTTL Duration `toml:"state_cache_ttl"`
+	// OrderWaitMax bounds ?wait= of GET /api/v1/orders/{id}.
+	OrderWaitMax Duration `toml:"order_wait_max"`
+	// MaxOrderWaiters bounds the long-polls waiting at once; beyond it a
+	// request is answered at once.
+	MaxOrderWaiters int `toml:"max_order_waiters"`
 }
 
 func defaultBackend() Backend {
@@ -39,6 +48,10 @@ func defaultBackend() Backend {
 		WriteTimeout:   D(5 * time.Second),
 		IdleTimeout:    D(60 * time.Second),
 		ShutdownGrace:  D(10 * time.Second),
+
+		StateCacheTTL:   D(100 * time.Millisecond),
+		OrderWaitMax:    D(4 * time.Second),
+		MaxOrderWaiters: 20_000,
 	}
 }
 
@@ -58,6 +71,13 @@ func (b *Backend) validate(p *problems) {
 	checkPositive(p, "backend.write_timeout", b.WriteTimeout)
 	checkPositive(p, "backend.idle_timeout", b.IdleTimeout)
 	checkPositive(p, "backend.shutdown_grace", b.ShutdownGrace)
+	if b.StateCacheTTL.Duration < 0 || b.StateCacheTTL.Duration > time.Minute {
+		p.add("backend.state_cache_ttl", "must be between 0s (no cache) and 1m, got %q", b.StateCacheTTL.String())
+	}
+	if b.OrderWaitMax.Duration < 0 || b.OrderWaitMax.Duration > 5*time.Minute {
+		p.add("backend.order_wait_max", "must be between 0s (no long-polls) and 5m, got %q", b.OrderWaitMax.String())
+	}
+	checkRange(p, "backend.max_order_waiters", b.MaxOrderWaiters, 1, 10_000_000)
 	if b.PublishTimeout.Duration >= b.ReservationTTL.Duration {
 		p.add("backend.publish_timeout", "must be shorter than backend.reservation_ttl")
 	}

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,11 +58,26 @@ type stack struct {
 	ch    *amqp.Channel
 	pub   *hookPublisher
 	reg   *prometheus.Registry
+	svc   *sale.Service
 }
 
 func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
 	t.Helper()
-	rdb, prefix := servicetest.Redis(t)
+	return newStackWith(t, sale.Config{
+		ReservationTTL: 30 * time.Second, RedisTimeout: 2 * time.Second, PublishTimeout: 3 * time.Second,
+		QueryTimeout: 5 * time.Second, SoldOutTTL: soldOutTTL,
+	}, nil)
+}
+
+// newStackWith runs the backend with scfg on rdb (nil: the shared Redis).
+func newStackWith(t *testing.T, scfg sale.Config, rdb *redis.Client) *stack {
+	t.Helper()
+	var prefix string
+	if rdb == nil {
+		rdb, prefix = servicetest.Redis(t)
+	} else {
+		prefix = servicetest.Name(t) + ":"
+	}
 	cfg := conf.Default()
 	cfg.MySQL.DSN = servicetest.MySQLDSN(t)
 	cfg.RabbitMQ.URL = servicetest.AMQPURL()
@@ -78,18 +94,20 @@ func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
 	t.Cleanup(func() { _ = real.Close() })
 	pub := &hookPublisher{real: real}
 	store := reservation.New(rdb, prefix)
-	svc := sale.New(store, db, pub, sale.Config{
-		ReservationTTL: 30 * time.Second, RedisTimeout: 2 * time.Second, PublishTimeout: 3 * time.Second,
-		QueryTimeout: 5 * time.Second, SoldOutTTL: soldOutTTL,
-	}, log, sale.NewMetrics(reg))
+	svc := sale.New(store, db, pub, scfg, log, sale.NewMetrics(reg))
 	wctx, stop := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	go func() { defer close(watched); svc.WatchStockEvents(wctx, rdb, reservation.Channel(prefix)) }()
-	t.Cleanup(func() { stop(); <-watched })
+	var watched sync.WaitGroup
+	subscribed := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	watched.Go(func() { svc.WatchStockEvents(wctx, rdb, subscribed[0]) })
+	watched.Go(func() { svc.WatchOrders(wctx, rdb, subscribed[1]) })
+	t.Cleanup(func() { stop(); watched.Wait() })
+	<-subscribed[0]
+	<-subscribed[1]
 
 	a := api.New(svc, api.Config{
 		AdminToken: token, MaxBodyBytes: 4096, AdminBodyBytes: 65536, RetryAfter: time.Second,
 		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, IdleTimeout: time.Minute,
+		StateTTL: scfg.StateTTL,
 	}, []api.Check{
 		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
 		{Name: "mysql", Fn: db.PingContext},
@@ -107,7 +125,7 @@ func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
 	ch, err := conn.Channel()
 	servicetest.Must(t, err, "channel")
 	return &stack{url: "http://" + ln.Addr().String(), rdb: rdb, store: store, db: db,
-		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg}
+		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, svc: svc}
 }
 
 type reply struct {

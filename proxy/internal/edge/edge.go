@@ -14,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	isoldout "github.com/seckill/seckill/internal/soldout"
 	"github.com/seckill/seckill/proxy/internal/forward"
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
@@ -61,12 +62,12 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	}
 	method, path := ctx.Method(), requestPath(ctx)
 
-	var sent time.Time // only purchases need it (sold-out cache)
-	soldID, purchase := []byte(nil), false
+	var tok isoldout.Token // only purchases need it (sold-out cache)
+	soldID, purchase := int64(0), false
 	if h.SoldOut != nil {
 		if soldID, purchase = soldout.PurchaseID(method, path); purchase {
-			sent = time.Now()
-			if body, ctype, ok := h.SoldOut.Lookup(soldID, sent); ok {
+			tok = h.SoldOut.Token()
+			if body, ctype, ok := h.SoldOut.Lookup(soldID, ctx.Time()); ok {
 				ctx.SetStatusCode(fasthttp.StatusConflict)
 				ctx.SetContentTypeBytes(ctype)
 				ctx.SetBody(body)
@@ -112,7 +113,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		resp := &ctx.Response
 		if ct := resp.Header.ContentType(); resp.Header.ContentLength() >= 0 && resp.Header.ContentLength() <= 4096 {
 			if body := resp.Body(); soldout.IsSoldOut(409, ct, body) {
-				h.SoldOut.Learn(soldID, sent, ct, body)
+				h.SoldOut.Learn(soldID, tok, ct, body)
 			}
 		}
 	}
