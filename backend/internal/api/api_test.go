@@ -66,11 +66,12 @@ func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
 	return newStackWith(t, sale.Config{
 		ReservationTTL: 30 * time.Second, RedisTimeout: 2 * time.Second, PublishTimeout: 3 * time.Second,
 		QueryTimeout: 5 * time.Second, SoldOutTTL: soldOutTTL,
-	}, nil)
+	}, nil, "")
 }
 
-// newStackWith runs the backend with scfg on rdb (nil: the shared Redis).
-func newStackWith(t *testing.T, scfg sale.Config, rdb *redis.Client) *stack {
+// newStackWith runs the backend with scfg on rdb (nil: the shared Redis) and
+// the database of dsn ("": a fresh one on the shared MariaDB).
+func newStackWith(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string) *stack {
 	t.Helper()
 	var prefix string
 	if rdb == nil {
@@ -79,7 +80,10 @@ func newStackWith(t *testing.T, scfg sale.Config, rdb *redis.Client) *stack {
 		prefix = servicetest.Name(t) + ":"
 	}
 	cfg := conf.Default()
-	cfg.MySQL.DSN = servicetest.MySQLDSN(t)
+	cfg.MySQL.DSN = dsn
+	if dsn == "" {
+		cfg.MySQL.DSN = servicetest.MySQLDSN(t)
+	}
 	cfg.RabbitMQ.URL = servicetest.AMQPURL()
 	cfg.RabbitMQ.Prefix = servicetest.AMQPPrefix(t, []string{".orders", ".orders.dead"}, []string{".orders", ".orders.dlx"})
 	ctx := context.Background()

@@ -41,6 +41,12 @@ type stateFlight struct {
 	err      error
 }
 
+// joinPatience is how long a reader that has a last known state waits for the
+// flight it joined: a healthy Redis answers well within it, a slow or failed
+// one does not hold the flood up (the readers get the last known state,
+// marked stale).
+const joinPatience = 20 * time.Millisecond
+
 func newStateCache(ttl time.Duration) *stateCache {
 	return &stateCache{ttl: ttl, m: map[int64]*stateEntry{}}
 }
@@ -149,17 +155,21 @@ func (s *Service) Activity(ctx context.Context, id int64) (ActivityView, error) 
 	}
 	if !leader {
 		s.m.stateRead("joined")
+		if !known {
+			<-fl.done // nothing to answer meanwhile
+			return s.flightAnswer(fl, last, known)
+		}
+		patience := time.NewTimer(joinPatience)
+		defer patience.Stop()
 		select {
 		case <-fl.done:
+			return s.flightAnswer(fl, last, known)
 		case <-fl.fallback:
-			if known {
-				s.m.stateRead("stale")
-				last.Stale = true
-				return withState(last, s.now()), nil
-			}
-			<-fl.done
+		case <-patience.C:
 		}
-		return s.flightAnswer(fl, last, known)
+		s.m.stateRead("stale")
+		last.Stale = true
+		return withState(last, s.now()), nil
 	}
 	s.m.stateRead("miss")
 	// Shared by the readers that join: not cancelled with the leader's request.
