@@ -18,6 +18,7 @@ package soldout
 import (
 	"context"
 	"log/slog"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -25,15 +26,34 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Token is the event count seen before a request; see Flags.Set.
+// ParseID parses a positive decimal 64-bit activity id (as in a request
+// path) without allocating.
+func ParseID(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 19 || b[0] == '0' {
+		return 0, false
+	}
+	var id uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	if id > math.MaxInt64 { // 19 digits stay below 2^64: no wrap before this check
+		return 0, false
+	}
+	return int64(id), true
+}
+
+// Token is the event count seen before a request; see News.Since.
 type Token uint64
 
-// Flags is a set of activity ids, each trusted until its own expiry.
-type Flags struct {
-	ttl time.Duration
-
-	mu    sync.RWMutex
-	until map[int64]time.Time
+// News counts the events per activity, so that an answer to a request sent
+// before news about its activity can be told apart and refused. Memory stays
+// bounded: events older than a minute are forgotten by raising a floor below
+// which every token is refused (which only ever refuses more).
+type News struct {
+	mu sync.RWMutex
 	// seq counts events; last is the seq of each activity's latest event, and
 	// floor the seq below which every token is refused (a resubscription, or
 	// old entries of last pruned away).
@@ -42,21 +62,85 @@ type Flags struct {
 	lastAt     map[int64]time.Time
 }
 
+// NewNews returns an empty event record.
+func NewNews() *News { return &News{last: map[int64]uint64{}, lastAt: map[int64]time.Time{}} }
+
+// Token is taken before the request whose answer is to be kept.
+func (n *News) Token() Token {
+	n.mu.RLock()
+	t := n.seq
+	n.mu.RUnlock()
+	return Token(t)
+}
+
+// Since reports whether news about id (or a reset) arrived after tok.
+func (n *News) Since(id int64, tok Token) bool {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.sinceLocked(id, tok)
+}
+
+func (n *News) sinceLocked(id int64, tok Token) bool {
+	return uint64(tok) < n.floor || n.last[id] > uint64(tok)
+}
+
+// Add records news about id.
+func (n *News) Add(id int64, now time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.addLocked(id, now)
+}
+
+func (n *News) addLocked(id int64, now time.Time) {
+	n.seq++
+	n.last[id] = n.seq
+	n.lastAt[id] = now
+	// An event older than the longest a request may still be in flight with an
+	// older token cannot race any more.
+	if len(n.last) >= 1024 {
+		for k, at := range n.lastAt {
+			if now.Sub(at) > time.Minute {
+				n.floor = max(n.floor, n.last[k])
+				delete(n.last, k)
+				delete(n.lastAt, k)
+			}
+		}
+	}
+}
+
+// Reset refuses every token taken before (events may have been missed).
+func (n *News) Reset() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.resetLocked()
+}
+
+func (n *News) resetLocked() {
+	n.seq++
+	n.floor = n.seq
+	clear(n.last)
+	clear(n.lastAt)
+}
+
+// Flags is a set of activity ids, each trusted until its own expiry or until
+// news about it.
+type Flags struct {
+	ttl   time.Duration
+	news  *News
+	mu    sync.RWMutex
+	until map[int64]time.Time
+}
+
 // NewFlags keeps flags for ttl.
 func NewFlags(ttl time.Duration) *Flags {
-	return &Flags{ttl: ttl, until: map[int64]time.Time{}, last: map[int64]uint64{}, lastAt: map[int64]time.Time{}}
+	return &Flags{ttl: ttl, news: NewNews(), until: map[int64]time.Time{}}
 }
 
 // TTL is how long a flag is trusted without news.
 func (f *Flags) TTL() time.Duration { return f.ttl }
 
 // Token is taken before the request whose answer may set a flag.
-func (f *Flags) Token() Token {
-	f.mu.RLock()
-	t := f.seq
-	f.mu.RUnlock()
-	return Token(t)
-}
+func (f *Flags) Token() Token { return f.news.Token() }
 
 // Has reports whether id is flagged at now.
 func (f *Flags) Has(id int64, now time.Time) bool {
@@ -69,9 +153,11 @@ func (f *Flags) Has(id int64, now time.Time) bool {
 // Set flags id until now+TTL, unless news about id (or a resubscription)
 // arrived after tok was taken. It reports whether the flag was set.
 func (f *Flags) Set(id int64, tok Token, now time.Time) bool {
+	// f.mu is held across the check so that a Clear cannot slip between the
+	// check and the write (Clear takes f.mu before recording the news).
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if uint64(tok) < f.floor || f.last[id] > uint64(tok) {
+	if f.news.Since(id, tok) {
 		return false
 	}
 	if len(f.until) >= 64 { // keep the map small: drop expired ids
@@ -89,22 +175,8 @@ func (f *Flags) Set(id int64, tok Token, now time.Time) bool {
 func (f *Flags) Clear(id int64, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.seq++
+	f.news.Add(id, now)
 	delete(f.until, id)
-	f.last[id] = f.seq
-	f.lastAt[id] = now
-	// An event older than the longest a request may still be in flight with an
-	// older token cannot race any more; forgetting it raises the floor, which
-	// only ever refuses more.
-	if len(f.last) >= 1024 {
-		for k, at := range f.lastAt {
-			if now.Sub(at) > time.Minute {
-				f.floor = max(f.floor, f.last[k])
-				delete(f.last, k)
-				delete(f.lastAt, k)
-			}
-		}
-	}
 }
 
 // ClearAll drops every flag (events may have been missed) and refuses every
@@ -112,11 +184,8 @@ func (f *Flags) Clear(id int64, now time.Time) {
 func (f *Flags) ClearAll() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.seq++
-	f.floor = f.seq
+	f.news.Reset()
 	clear(f.until)
-	clear(f.last)
-	clear(f.lastAt)
 }
 
 // Listener hears the stock events of one subscription.

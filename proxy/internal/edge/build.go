@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
 	"github.com/seckill/seckill/proxy/internal/metrics"
+	"github.com/seckill/seckill/proxy/internal/readcache"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
 
@@ -53,7 +55,8 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rules: %w", err)
 	}
-	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg), Registry: reg}
+	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg),
+		ReadCache: readcache.New(cfg.Proxy.Rules, reg), Registry: reg}
 	h.SetRules(rules)
 	RegisterGauges(reg, lim)
 	return &Proxy{Handler: h, Metrics: lm, cfg: cfg}, nil
@@ -66,7 +69,14 @@ func (p *Proxy) Reload(rules []conf.Rule) error {
 		return err
 	}
 	p.Handler.SetRules(rs)
+	p.Handler.ReadCache.SetRules(rules)
 	return nil
+}
+
+// WatchStockEvents makes the sold-out cache and the read cache forget an
+// activity on news about it, until ctx ends (see internal/soldout.Watch).
+func (p *Proxy) WatchStockEvents(ctx context.Context, rdb *redis.Client, log *slog.Logger, ready chan<- struct{}) {
+	p.Handler.SoldOut.Subscribe(ctx, rdb, p.cfg.Redis.KeyPrefix, log, ready, p.Handler.ReadCache)
 }
 
 // Server is the forwarding listener's server.

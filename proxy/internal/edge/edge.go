@@ -19,6 +19,7 @@ import (
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
 	"github.com/seckill/seckill/proxy/internal/metrics"
+	"github.com/seckill/seckill/proxy/internal/readcache"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
 
@@ -29,8 +30,10 @@ type Handler struct {
 	Identity *identity.Resolver
 	Pool     *forward.Pool
 	SoldOut  *soldout.Cache // nil: disabled
-	Registry *metrics.Registry
-	pool     sync.Pool
+	// ReadCache answers GETs of rules with a read_cache_ttl; nil: disabled.
+	ReadCache *readcache.Cache
+	Registry  *metrics.Registry
+	pool      sync.Pool
 }
 
 // SetRules swaps the rule set atomically (SIGHUP).
@@ -76,6 +79,20 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		}
 	}
 
+	var readTok isoldout.Token
+	var readTTL time.Duration
+	var readKey string
+	if h.ReadCache != nil {
+		if readTTL = h.ReadCache.TTL(method, path); readTTL > 0 && readcache.Cacheable(&ctx.Request.Header) {
+			if h.ReadCache.Serve(ctx, ctx.Request.Header.RequestURI(), path, ctx.Time()) {
+				return
+			}
+			readTok, readKey = h.ReadCache.Token(), string(ctx.Request.Header.RequestURI())
+		} else {
+			readTTL = 0
+		}
+	}
+
 	s, _ := h.pool.Get().(*scratch)
 	if s == nil {
 		s = &scratch{}
@@ -113,9 +130,14 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		resp := &ctx.Response
 		if ct := resp.Header.ContentType(); resp.Header.ContentLength() >= 0 && resp.Header.ContentLength() <= 4096 {
 			if body := resp.Body(); soldout.IsSoldOut(409, ct, body) {
-				h.SoldOut.Learn(soldID, tok, ct, body)
+				if h.SoldOut.Learn(soldID, tok, ct, body) && h.ReadCache != nil {
+					h.ReadCache.Changed(soldID) // its cached sale state still shows units
+				}
 			}
 		}
+	}
+	if readTTL > 0 {
+		h.ReadCache.Store([]byte(readKey), path, readTok, &ctx.Response, readTTL, time.Now())
 	}
 }
 

@@ -20,7 +20,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"math"
 	"sync"
 	"time"
 
@@ -66,25 +65,7 @@ func PurchaseID(method, path []byte) (int64, bool) {
 	if string(method) != "POST" || !bytes.HasPrefix(path, purchasePrefix) || !bytes.HasSuffix(path, purchaseSuffix) {
 		return 0, false
 	}
-	return ParseID(path[len(purchasePrefix) : len(path)-len(purchaseSuffix)])
-}
-
-// ParseID parses a positive decimal 64-bit activity id without allocating.
-func ParseID(b []byte) (int64, bool) {
-	if len(b) == 0 || len(b) > 19 || b[0] == '0' {
-		return 0, false
-	}
-	var id uint64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		id = id*10 + uint64(c-'0')
-	}
-	if id > math.MaxInt64 { // 19 digits stay below 2^64: no wrap before this check
-		return 0, false
-	}
-	return int64(id), true
+	return soldout.ParseID(path[len(purchasePrefix) : len(path)-len(purchaseSuffix)])
 }
 
 // Token is taken before a purchase is forwarded; Learn needs it.
