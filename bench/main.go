@@ -76,6 +76,8 @@ func parseFlags(args []string, stderr io.Writer) (conf.Config, options, error) {
 		xff                                             bool
 		mysqlDSN, redisURL, redisPrefix                 string
 		amqpURL, amqpPrefix                             string
+		statePolls                                      int
+		orderWait                                       time.Duration
 	)
 	fs.StringVar(&o.configPath, "config", conf.DefaultPath, "configuration file; flags override its [bench] section")
 	fs.StringVar(&targets, "targets", "", "comma-separated target URLs (the proxies) [bench] targets")
@@ -98,6 +100,8 @@ func parseFlags(args []string, stderr io.Writer) (conf.Config, options, error) {
 	fs.IntVar(&retries, "retries", -1, "retries with the same Idempotency-Key [bench] retries")
 	fs.DurationVar(&reqTimeout, "request-timeout", 0, "bound of one attempt [bench] request_timeout")
 	fs.DurationVar(&drain, "drain-timeout", 0, "bound of the drain wait [bench] drain_timeout")
+	fs.IntVar(&statePolls, "state-poll-rate", -1, "read mix: sale-state GETs/s through the warm-up [bench] state_poll_rate")
+	fs.DurationVar(&orderWait, "order-wait", -1, "read mix: long-poll of each accepted order, per request (0: none) [bench] order_wait")
 	fs.StringVar(&o.jsonPath, "json", "", "write the report as JSON to this file")
 	fs.StringVar(&o.htmlPath, "html", "", "write the report as a self-contained HTML page to this file")
 	fs.StringVar(&mysqlDSN, "mysql-dsn", "", "verifier: MySQL DSN (default [mysql] dsn / $SECKILL_MYSQL_DSN)")
@@ -175,6 +179,8 @@ func parseFlags(args []string, stderr io.Writer) (conf.Config, options, error) {
 	num("retries", &b.Retries, retries)
 	dur("request-timeout", &b.RequestTimeout, reqTimeout)
 	dur("drain-timeout", &b.DrainTimeout, drain)
+	num("state-poll-rate", &b.StatePollRate, statePolls)
+	dur("order-wait", &b.OrderWait, orderWait)
 	str("mysql-dsn", &cfg.MySQL.DSN, mysqlDSN)
 	str("redis-url", &cfg.Redis.URL, redisURL)
 	str("redis-prefix", &cfg.Redis.KeyPrefix, redisPrefix)
@@ -243,6 +249,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Rate: b.Rate, Connections: b.Connections, MaxInFlight: b.MaxInFlight,
 		HotShare: b.HotShare, ForwardedFor: b.ForwardedFor,
 		RequestTimeout: b.RequestTimeout.Duration, Retries: b.Retries,
+		StatePollRate: b.StatePollRate, OrderWait: b.OrderWait.Duration,
 	}
 	if b.SourceIPs > 0 {
 		if lc.Sources, err = load.SourceAddrs(b.SourceNet, b.SourceIPs); err != nil {
@@ -290,6 +297,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		problems = append(problems, "drain: "+dres.Problem)
 	}
 
+	// The order waits end as their orders settle (by now all have, or the
+	// drain reported why not); a short bound for the last long-polls.
+	wctx, cancelWaits := context.WithTimeout(ctx, b.OrderWait.Duration+b.RequestTimeout.Duration)
+	runner.WaitReads(wctx)
+	cancelWaits()
+	reads := runner.Reads()
+
 	snap := rec.Snapshot()
 	var api *verify.APIState
 	if st, err := load.FetchState(ctx, b.AdminURL, b.ActivityID); err != nil {
@@ -316,6 +330,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	rep := report.Build(rr, snap, tl, dres, api, v)
 	rep.Problems = problems
+	rep.Reads = &reads
 	if o.jsonPath != "" {
 		if err := report.WriteFile(o.jsonPath, rep.WriteJSON); err != nil {
 			return err
