@@ -1,6 +1,8 @@
 package edge
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -42,6 +44,15 @@ func startStateUpstream(t *testing.T) *stateUpstream {
 			return
 		case "/api/v1/activities/9/nostore":
 			ctx.Response.Header.Set("Cache-Control", "no-store")
+		case "/api/v1/activities/9/big":
+			ctx.Response.Header.Set("Cache-Control", "max-age=60")
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+				for range 16 {
+					_, _ = w.Write(bytes.Repeat([]byte("x"), 64<<10))
+					_ = w.Flush()
+				}
+			})
+			return
 		case "/api/v1/activities/9/cookie":
 			ctx.Response.Header.Set("Cache-Control", "max-age=60")
 			ctx.Response.Header.Set("Set-Cookie", "s=1")
@@ -101,8 +112,13 @@ func TestReadCacheAnswersWithoutTheUpstream(t *testing.T) {
 		get(t, c, "GET", "/api/v1/activities/9/cookie")
 	}
 	get(t, c, "HEAD", "/api/v1/activities/8")
-	if n := up.reads.Load() - before; n != 7 {
-		t.Errorf("uncacheable requests reached the upstream %d times, want 7", n)
+	for range 2 { // chunked, 1 MiB: streamed through, never buffered or kept
+		if r := get(t, c, "GET", "/api/v1/activities/9/big"); r.StatusCode() != 200 || len(r.Body()) != 1<<20 {
+			t.Errorf("big answer: %d, %d bytes", r.StatusCode(), len(r.Body()))
+		}
+	}
+	if n := up.reads.Load() - before; n != 9 {
+		t.Errorf("uncacheable requests reached the upstream %d times, want 9", n)
 	}
 
 	// News about activity 7 (the stock-event channel) drops its entries, not

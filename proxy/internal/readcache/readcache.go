@@ -4,7 +4,8 @@
 //
 // What is kept: a 200 answer to a GET without Authorization or Cookie, whose
 // upstream said it may be kept (Cache-Control with max-age and without
-// no-store, no-cache or private) and set no cookie, up to 64 KiB; keyed by the
+// no-store, no-cache or private) and set no cookie, with a Content-Length of
+// at most 64 KiB (a chunked answer passes through uncached); keyed by the
 // request URI, for the TTL of the first matching rule that has one. The
 // origin decides what is cacheable; the rule decides for how long (the
 // backend's sale state says max-age in whole seconds, so a sub-second TTL
@@ -153,10 +154,12 @@ func (c *Cache) Store(uri, path []byte, tok soldout.Token, resp *fasthttp.Respon
 	for range resp.Header.Cookies() {
 		return // someone's own answer
 	}
-	body := resp.Body()
-	if len(body) > maxBody {
+	// Only a body of known, small length is read here: the forwarder
+	// streams responses, and Body() would buffer a large or chunked one.
+	if n := resp.Header.ContentLength(); n < 0 || n > maxBody {
 		return
 	}
+	body := resp.Body()
 	id, _ := ActivityOf(path)
 	if id != 0 && c.news.Since(id, tok) {
 		return
