@@ -58,20 +58,28 @@ type stack struct {
 	ch    *amqp.Channel
 	pub   *hookPublisher
 	reg   *prometheus.Registry
+	api   *api.API
 	svc   *sale.Service
 }
 
 func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
 	t.Helper()
-	return newStackWith(t, sale.Config{
-		ReservationTTL: 30 * time.Second, RedisTimeout: 2 * time.Second, PublishTimeout: 3 * time.Second,
-		QueryTimeout: 5 * time.Second, SoldOutTTL: soldOutTTL,
-	}, nil, "")
+	return newStackWith(t, soldOutTTL, slog.New(slog.DiscardHandler), nil)
 }
 
-// newStackWith runs the backend with scfg on rdb (nil: the shared Redis) and
+// newStackWith is newStack with the API's logger and a hook to change its
+// config.
+func newStackWith(t *testing.T, soldOutTTL time.Duration, log *slog.Logger, edit func(*api.Config)) *stack {
+	t.Helper()
+	return newStackOn(t, sale.Config{
+		ReservationTTL: 30 * time.Second, RedisTimeout: 2 * time.Second, PublishTimeout: 3 * time.Second,
+		QueryTimeout: 5 * time.Second, SoldOutTTL: soldOutTTL,
+	}, nil, "", log, edit)
+}
+
+// newStackOn runs the backend with scfg on rdb (nil: the shared Redis) and
 // the database of dsn ("": a fresh one on the shared MariaDB).
-func newStackWith(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string) *stack {
+func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, log *slog.Logger, edit func(*api.Config)) *stack {
 	t.Helper()
 	var prefix string
 	if rdb == nil {
@@ -91,7 +99,6 @@ func newStackWith(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string)
 	db, err := schema.Open(ctx, cfg.MySQL)
 	servicetest.Must(t, err, "schema")
 	t.Cleanup(func() { _ = db.Close() })
-	log := slog.New(slog.DiscardHandler)
 	reg := prometheus.NewRegistry()
 	real, err := broker.NewPublisher(ctx, broker.PublisherConfigFrom(cfg.RabbitMQ, "api-test"), log, broker.NewPublisherMetrics(reg, "seckill_backend"))
 	servicetest.Must(t, err, "publisher")
@@ -108,11 +115,15 @@ func newStackWith(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string)
 	<-subscribed[0]
 	<-subscribed[1]
 
-	a := api.New(svc, api.Config{
+	acfg := api.Config{
 		AdminToken: token, MaxBodyBytes: 4096, AdminBodyBytes: 65536, RetryAfter: time.Second,
 		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, IdleTimeout: time.Minute,
 		StateTTL: scfg.StateTTL,
-	}, []api.Check{
+	}
+	if edit != nil {
+		edit(&acfg)
+	}
+	a := api.New(svc, acfg, []api.Check{
 		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
 		{Name: "mysql", Fn: db.PingContext},
 		{Name: "rabbitmq", Fn: func(context.Context) error { return real.Ready() }},
@@ -129,7 +140,7 @@ func newStackWith(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string)
 	ch, err := conn.Channel()
 	servicetest.Must(t, err, "channel")
 	return &stack{url: "http://" + ln.Addr().String(), rdb: rdb, store: store, db: db,
-		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, svc: svc}
+		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, api: a, svc: svc}
 }
 
 type reply struct {

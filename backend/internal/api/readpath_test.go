@@ -111,7 +111,7 @@ func TestStateReadFlood(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	_, dsn := servicetest.PrivateMariaDB(t)
 	const ttl = 100 * time.Millisecond
-	s := newStackWith(t, readCfg(ttl), rdb, dsn)
+	s := newStackOn(t, readCfg(ttl), rdb, dsn, slog.New(slog.DiscardHandler), nil)
 	ids := []int64{1, 2}
 	for _, id := range ids {
 		s.openSale(t, id, 1000, 1)
@@ -240,7 +240,7 @@ func (s *stack) activity(t *testing.T, id int64) reply {
 // backend's own sold-out answer.
 func TestStateCacheInvalidation(t *testing.T) {
 	t.Parallel()
-	s := newStackWith(t, readCfg(time.Hour), nil, "")
+	s := newStackOn(t, readCfg(time.Hour), nil, "", slog.New(slog.DiscardHandler), nil)
 	other := &stack{url: s.secondBackend(t, readCfg(time.Hour))}
 	const id = 21
 	s.openSale(t, id, 1, 1)
@@ -288,7 +288,7 @@ func TestStateCacheInvalidation(t *testing.T) {
 func TestStateCacheTTL(t *testing.T) {
 	t.Parallel()
 	const ttl = 300 * time.Millisecond
-	s := newStackWith(t, readCfg(ttl), nil, "")
+	s := newStackOn(t, readCfg(ttl), nil, "", slog.New(slog.DiscardHandler), nil)
 	const id = 22
 	s.openSale(t, id, 10, 5)
 	s.activity(t, id)
@@ -325,7 +325,7 @@ func TestOrderLongPoll(t *testing.T) {
 	cfg := readCfg(100 * time.Millisecond)
 	cfg.OrderWaitMax = 2 * time.Second
 	cfg.MaxOrderWaiters = 2
-	s := newStackWith(t, cfg, nil, "")
+	s := newStackOn(t, cfg, nil, "", slog.New(slog.DiscardHandler), nil)
 	const id = 23
 	s.openSale(t, id, 10, 5)
 	buy := func(u string) string {
