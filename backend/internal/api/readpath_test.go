@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,6 +112,13 @@ func TestStateReadFlood(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	_, dsn := servicetest.PrivateMariaDB(t)
 	const ttl = 100 * time.Millisecond
+	// The flood is a CPU hog: in make test (parallel with the fault tests on
+	// the shared services) 8 connections for 1s per phase; the figures of
+	// docs/read-path.md come from SECKILL_CHAOS=1 (32 connections, 2s).
+	conns, phase := 8, time.Second
+	if os.Getenv("SECKILL_CHAOS") != "" {
+		conns, phase = 32, 2*time.Second
+	}
 	s := newStackOn(t, readCfg(ttl), rdb, dsn, slog.New(slog.DiscardHandler), nil)
 	ids := []int64{1, 2}
 	for _, id := range ids {
@@ -121,7 +129,7 @@ func TestStateReadFlood(t *testing.T) {
 	// Redis up.
 	servicetest.Must(t, rdb.ConfigResetStat(ctx).Err(), "config resetstat")
 	start := time.Now()
-	r := flood(t, s.url, ids, 32, 2*time.Second)
+	r := flood(t, s.url, ids, conns, phase)
 	reads := commandCalls(t, rdb, "hmget")
 	elapsed := time.Since(start)
 	bound := len(ids) * (int(elapsed/ttl) + 1)
@@ -148,7 +156,7 @@ func TestStateReadFlood(t *testing.T) {
 	t.Cleanup(func() { _ = mdb.Close() })
 	q0 := questions(t, mdb)
 	start = time.Now()
-	r = flood(t, s.url, ids, 32, 2*time.Second)
+	r = flood(t, s.url, ids, conns, phase)
 	q1 := questions(t, mdb)
 	elapsed = time.Since(start)
 	mysqlReads := q1 - q0 - 1 // the second SHOW STATUS counts itself
@@ -186,7 +194,7 @@ func TestStateReadFlood(t *testing.T) {
 			}
 		}
 	})
-	r = flood(t, s.url, ids[:1], 32, 1500*time.Millisecond)
+	r = flood(t, s.url, ids[:1], conns, phase)
 	close(stop)
 	sampler.Wait()
 	_, err = lockConn.ExecContext(ctx, "UNLOCK TABLES")
