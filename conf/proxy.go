@@ -49,6 +49,9 @@ type Rule struct {
 	OnRedisError string `toml:"on_redis_error"`
 	Shadow       bool   `toml:"shadow"`
 	RuleAccess
+	// ReadCacheTTL: the proxy answers GETs of this rule from its own cache
+	// this long (conf/readcache.go; 0: off).
+	ReadCacheTTL Duration `toml:"read_cache_ttl"`
 }
 
 // Window is a sliding-window limit: at most Limit admitted requests per Window.
@@ -143,6 +146,7 @@ func (r *Rule) validate(p *problems, key string, names map[string]bool) {
 	if !strings.HasPrefix(r.PathPrefix, "/") {
 		p.add(key+".path_prefix", "must start with /, got %q", r.PathPrefix)
 	}
+	r.validateReadCache(p, key)
 	if r.PerIP == nil && r.Global == nil {
 		p.add(key, "needs per_ip, global or both")
 	}

@@ -65,7 +65,21 @@ func KeysFor(prefix string, id int64) Keys {
 
 // Channel is the pub/sub channel on which an activity id is published whenever
 // units become sellable again (a failed order, more stock, a rebuilt sale).
+// It also carries news of an admin change (Store.Announce): every cache of an
+// activity's state or sold-out flag forgets the activity on it.
 func Channel(prefix string) string { return prefix + "seckill:stock-events" }
+
+// OrderChannel is the pub/sub channel on which settle.lua announces the orders
+// it settled, one "order_id|K|" or "order_id|F|reason" line each.
+func OrderChannel(prefix string) string { return prefix + "seckill:order-events" }
+
+// Announce publishes news about an activity (an admin change) on Channel.
+func (s *Store) Announce(ctx context.Context, activityID int64) error {
+	if err := s.rdb.Publish(ctx, Channel(s.prefix), activityID).Err(); err != nil {
+		return fmt.Errorf("announce activity %d: %w", activityID, err)
+	}
+	return nil
+}
 
 // ActiveSet is the set of activity ids that have been warmed into Redis; the
 // sweeper and reconciler walk it. It has no hash tag: it is read, never used in
@@ -87,6 +101,7 @@ type Client interface {
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	ZAddXX(ctx context.Context, key string, members ...redis.Z) *redis.IntCmd
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
 }
 
 // Store runs the purchase-path scripts against one Redis under one key prefix.
@@ -263,8 +278,8 @@ func (s *Store) Settle(ctx context.Context, activityID int64, orders []Settlemen
 		return 0, nil
 	}
 	k := s.Keys(activityID)
-	args := make([]any, 0, 2+5*len(orders))
-	args = append(args, Channel(s.prefix), activityID)
+	args := make([]any, 0, 3+5*len(orders))
+	args = append(args, Channel(s.prefix), activityID, OrderChannel(s.prefix))
 	for _, o := range orders {
 		outcome := "F"
 		if o.Confirmed {

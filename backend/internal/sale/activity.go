@@ -137,6 +137,12 @@ type ActivityView struct {
 	StartsAt     time.Time `json:"starts_at"`
 	EndsAt       time.Time `json:"ends_at"`
 	State        string    `json:"state"`
+	// AsOf is when this state was read from Redis (or MySQL); answers from
+	// the local cache are up to one TTL old.
+	AsOf time.Time `json:"as_of"`
+	// Stale marks the last known state, answered while Redis and MySQL could
+	// not be read in time.
+	Stale bool `json:"stale,omitempty"`
 }
 
 func stateAt(now, start, end time.Time, available int64) string {
@@ -151,43 +157,10 @@ func stateAt(now, start, end time.Time, available int64) string {
 	return StateOpen
 }
 
-// Activity returns the Redis view of a sale, or MySQL's when Redis has none
-// (or fails).
-func (s *Service) Activity(ctx context.Context, id int64) (ActivityView, error) {
-	now := s.now()
-	if s.missing.Has(id, now) {
-		return ActivityView{}, ErrActivityNotFound
-	}
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
-	sale, found, err := s.store.Sale(rctx, id)
-	cancel()
-	if err == nil && found {
-		v := ActivityView{
-			ActivityID: id, Stock: sale.Total, Available: sale.Available(), Pending: sale.Pending,
-			Sold: sale.Sold, PerUserLimit: sale.Limit, StartsAt: sale.Start, EndsAt: sale.End,
-		}
-		v.State = stateAt(now, v.StartsAt, v.EndsAt, v.Available)
-		return v, nil
-	}
-	if err != nil {
-		s.log.Debug("activity from Redis failed; reading MySQL", "activity_id", id, "err", err)
-	}
-	missEpoch := s.missing.Epoch()
-	a, found, err := s.loadActivity(ctx, id)
-	if err != nil {
-		return ActivityView{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	if !found {
-		s.missing.Set(id, missEpoch, s.now())
-		return ActivityView{}, ErrActivityNotFound
-	}
-	return mysqlView(id, a, now), nil
-}
-
 func mysqlView(id int64, a mysqlRow, now time.Time) ActivityView {
 	v := ActivityView{
 		ActivityID: id, Stock: a.Total, Available: a.Stock, Sold: a.Sold, PerUserLimit: a.Limit,
-		StartsAt: a.Start, EndsAt: a.End,
+		StartsAt: a.Start, EndsAt: a.End, AsOf: now,
 	}
 	v.State = stateAt(now, v.StartsAt, v.EndsAt, v.Available)
 	return v
@@ -281,8 +254,14 @@ func (s *Service) PutActivity(ctx context.Context, id int64, spec Spec) (Activit
 		}
 		return ActivityView{}, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	s.soldOut.Clear(id)
-	s.missing.Clear(id)
+	// This backend forgets at once; the others hear it on the stock-event
+	// channel (an unsent event leaves them one TTL behind, no more).
+	s.Changed(id)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+	if err := s.store.Announce(actx, id); err != nil {
+		s.log.Warn("admin change saved; other instances see it when their caches expire", "activity_id", id, "err", err)
+	}
+	cancel()
 	v, err := s.Activity(ctx, id)
 	return v, created, err
 }

@@ -14,7 +14,14 @@ type Metrics struct {
 	reserveTime  prometheus.Histogram
 	purchases    *prometheus.CounterVec
 	rebuilds     *prometheus.CounterVec
+	stateReads   map[string]prometheus.Counter
+	waits        *prometheus.CounterVec
+	waiters      prometheus.Gauge
 }
+
+// stateReadResults label the sale-state reads: answered from the cache,
+// joined a flight, started one, fell back to MySQL, answered stale.
+var stateReadResults = []string{"hit", "joined", "miss", "fallback", "stale"}
 
 // NewMetrics registers the service's metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -36,7 +43,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Rebuilds of a sale missing in Redis, by warm outcome (or not_found, error).",
 		}, []string{"result"}),
 	}
-	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds)
+	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "seckill_backend", Name: "sale_state_reads_total",
+		Help: "Sale-state reads by result: hit (local cache), joined (a flight in progress), miss (started a flight), fallback (the flight read MySQL), stale (answered the last known state).",
+	}, []string{"result"})
+	m.stateReads = map[string]prometheus.Counter{}
+	for _, r := range stateReadResults {
+		m.stateReads[r] = reads.WithLabelValues(r)
+	}
+	m.waits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "seckill_backend", Name: "order_waits_total",
+		Help: "Order long-polls by how they ended: settled (woken with a final status), timeout (still pending at the end of the wait), immediate (not pending when asked), full (too many waiters: answered at once).",
+	}, []string{"outcome"})
+	m.waiters = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "seckill_backend", Name: "order_waiters",
+		Help: "Order long-polls waiting now.",
+	})
+	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds, reads, m.waits, m.waiters)
 	return m
 }
 
@@ -64,4 +87,22 @@ func (m *Metrics) rebuilt(result string, err error) {
 		result = "error"
 	}
 	m.rebuilds.WithLabelValues(result).Inc()
+}
+
+func (m *Metrics) stateRead(result string) {
+	if m != nil {
+		m.stateReads[result].Inc()
+	}
+}
+
+func (m *Metrics) waited(outcome string) {
+	if m != nil {
+		m.waits.WithLabelValues(outcome).Inc()
+	}
+}
+
+func (m *Metrics) waiting(delta float64) {
+	if m != nil {
+		m.waiters.Add(delta)
+	}
 }

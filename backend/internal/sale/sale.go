@@ -14,9 +14,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/seckill/seckill/backend/internal/orderwait"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/salesdb"
+	"github.com/seckill/seckill/internal/soldout"
 )
 
 // Errors the HTTP edge maps with errors.Is.
@@ -36,12 +38,15 @@ type Publisher interface {
 
 // Config holds the timeouts and TTLs of the service.
 type Config struct {
-	ReservationTTL time.Duration
-	RedisTimeout   time.Duration // each Redis call
-	PublishTimeout time.Duration // the wait for a confirm
-	QueryTimeout   time.Duration // each MySQL statement or transaction
-	SoldOutTTL     time.Duration // trust of a local sold-out flag without news
-	NegativeTTL    time.Duration // trust of "no such activity in MySQL"
+	ReservationTTL  time.Duration
+	RedisTimeout    time.Duration // each Redis call
+	PublishTimeout  time.Duration // the wait for a confirm
+	QueryTimeout    time.Duration // each MySQL statement or transaction
+	SoldOutTTL      time.Duration // trust of a local sold-out flag without news
+	NegativeTTL     time.Duration // trust of "no such activity in MySQL"
+	StateTTL        time.Duration // sale state answered from the local cache
+	OrderWaitMax    time.Duration // longest order long-poll
+	MaxOrderWaiters int           // order long-polls waiting at once
 }
 
 // Service runs purchases and admin changes.
@@ -53,8 +58,10 @@ type Service struct {
 	log   *slog.Logger
 	m     *Metrics
 
-	soldOut *flags
-	missing *flags
+	soldOut *soldout.Flags
+	missing *soldout.Flags
+	state   *stateCache
+	waiters *orderwait.Hub
 	flight  group
 	now     func() time.Time
 }
@@ -66,8 +73,10 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 	}
 	return &Service{
 		store: store, db: db, pub: pub, cfg: cfg, log: log, m: m,
-		soldOut: newFlags(cfg.SoldOutTTL),
-		missing: newFlags(cfg.NegativeTTL),
+		soldOut: soldout.NewFlags(cfg.SoldOutTTL),
+		missing: soldout.NewFlags(cfg.NegativeTTL),
+		state:   newStateCache(cfg.StateTTL),
+		waiters: orderwait.NewHub(cfg.MaxOrderWaiters),
 		flight:  group{calls: make(map[int64]*call)},
 		now:     time.Now,
 	}
@@ -121,13 +130,13 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 		s.m.reserved("not_found_cached", 0)
 		return PurchaseResult{}, ErrActivityNotFound
 	}
-	epoch := s.soldOut.Epoch()
+	epoch := s.soldOut.Token()
 	res, err := s.reserve(ctx, r)
 	if err != nil {
 		return PurchaseResult{}, err
 	}
 	if res.Outcome == reservation.NotFound {
-		missEpoch := s.missing.Epoch()
+		missEpoch := s.missing.Token()
 		found, err := s.rebuild(ctx, r.ActivityID)
 		if errors.Is(err, errArchived) {
 			return s.archived(ctx, r)
@@ -152,7 +161,9 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	case reservation.Replay:
 		return PurchaseResult{Outcome: Accepted, OrderID: res.OrderID, Status: res.State.Public(), Replay: true}, nil
 	case reservation.SoldOut:
-		s.soldOut.Set(r.ActivityID, epoch, s.now())
+		if s.soldOut.Set(r.ActivityID, epoch, s.now()) {
+			s.state.soldOut(r.ActivityID)
+		}
 		return PurchaseResult{Outcome: SoldOut}, nil
 	case reservation.Insufficient:
 		return PurchaseResult{Outcome: Insufficient, Available: res.Available}, nil

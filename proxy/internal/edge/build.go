@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
 	"github.com/seckill/seckill/proxy/internal/metrics"
+	"github.com/seckill/seckill/proxy/internal/readcache"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
 
@@ -57,7 +59,8 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg), Registry: reg,
+	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg),
+		ReadCache: readcache.New(cfg.Proxy.Rules, reg), Registry: reg,
 		Security: NewSecurityMetrics(reg)}
 	h.SetRules(rules)
 	h.SetGate(gate)
@@ -78,7 +81,14 @@ func (p *Proxy) Reload(c conf.Proxy) error {
 	}
 	p.Handler.SetRules(rs)
 	p.Handler.SetGate(gate)
+	p.Handler.ReadCache.SetRules(c.Rules)
 	return nil
+}
+
+// WatchStockEvents makes the sold-out cache and the read cache forget an
+// activity on news about it, until ctx ends (see internal/soldout.Watch).
+func (p *Proxy) WatchStockEvents(ctx context.Context, rdb *redis.Client, log *slog.Logger, ready chan<- struct{}) {
+	p.Handler.SoldOut.Subscribe(ctx, rdb, p.cfg.Redis.KeyPrefix, log, ready, p.Handler.ReadCache)
 }
 
 // Server is the forwarding listener's server.
