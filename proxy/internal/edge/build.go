@@ -12,10 +12,10 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/proxy/internal/forward"
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
-	"github.com/seckill/seckill/proxy/internal/metrics"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
 
@@ -26,9 +26,18 @@ type Proxy struct {
 	cfg     conf.Config
 }
 
+// Option adjusts New.
+type Option func(*limiter.Config)
+
+// WithTrace reports every admitted request's windows with their Redis-time
+// decision stamps (see limiter.Config.Trace); for tests.
+func WithTrace(fn func(policy string, redisMicros int64)) Option {
+	return func(c *limiter.Config) { c.Trace = fn }
+}
+
 // New wires a proxy instance from a validated configuration.
-func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger) (*Proxy, error) {
-	reg := &metrics.Registry{}
+func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger, opts ...Option) (*Proxy, error) {
+	reg := metrics.NewRegistry()
 	lm := limiter.NewMetrics(reg)
 	id, err := identity.New(cfg.Proxy.TrustedProxies, cfg.Proxy.IPv6Prefix)
 	if err != nil {
@@ -38,8 +47,12 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger) (*Proxy, error) {
 	_, _ = rand.Read(rnd[:])
 	host, _ := os.Hostname()
 	inst := limiter.FormatInstance(host, binary.LittleEndian.Uint64(rnd[:]))
-	lim := limiter.New(limiter.Config{Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Timeout: cfg.Proxy.RedisTimeout.Duration,
-		Instance: inst, Metrics: lm, Log: log})
+	lc := limiter.Config{Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Timeout: cfg.Proxy.RedisTimeout.Duration,
+		Instance: inst, Metrics: lm, Log: log}
+	for _, o := range opts {
+		o(&lc)
+	}
+	lim := limiter.New(lc)
 	pool, err := forward.NewPool(cfg.Proxy.Upstreams, forward.Options{
 		ConnectTimeout:  cfg.Proxy.UpstreamConnect.Duration,
 		Timeout:         cfg.Proxy.UpstreamTimeout.Duration,
@@ -53,7 +66,8 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rules: %w", err)
 	}
-	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg), Registry: reg}
+	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg), Registry: reg,
+		metrics: metrics.Handler(reg)}
 	h.SetRules(rules)
 	RegisterGauges(reg, lim)
 	return &Proxy{Handler: h, Metrics: lm, cfg: cfg}, nil
