@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,4 +53,117 @@ func BenchmarkCheckLeased(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(m.Calls())/float64(b.N), "redis-calls/op")
+}
+
+// fakeHeader serves one header and one cookie.
+type fakeHeader struct{ name, value, cookie, cvalue []byte }
+
+func (h *fakeHeader) PeekBytes(n []byte) []byte {
+	if string(n) == string(h.name) {
+		return h.value
+	}
+	return nil
+}
+
+func (h *fakeHeader) CookieBytes(n []byte) []byte {
+	if string(n) == string(h.cookie) {
+		return h.cvalue
+	}
+	return nil
+}
+
+// The hot path allocates nothing: a decision from a warm lease (address,
+// header and cookie keyed windows plus a global one, metrics counted) and a
+// refusal from the negative cache.
+func TestHotPathAllocs(t *testing.T) {
+	rdb, prefix := servicetest.Redis(t)
+	m := NewMetrics(prometheus.NewRegistry())
+	big := &conf.Window{Limit: 10_000_000, Window: conf.D(10 * time.Second)}
+	rs, err := Compile([]conf.Rule{
+		{Name: "addr", PathPrefix: "/", PerIP: big, Global: big},
+		{Name: "hdr", PathPrefix: "/", PerIP: &conf.Window{Limit: 10_000_000, Window: conf.D(10 * time.Second), Key: "header:X-User-ID"}},
+		{Name: "ck", PathPrefix: "/", PerIP: &conf.Window{Limit: 10_000_000, Window: conf.D(10 * time.Second), Key: "cookie:session"}},
+		{Name: "spent", PathPrefix: "/spent", PerIP: &conf.Window{Limit: 1, Window: conf.D(time.Hour)}},
+	}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: time.Second, Instance: "allocs", Metrics: m})
+	h := &fakeHeader{name: []byte("X-User-ID"), value: []byte("user-1"), cookie: []byte("session"), cvalue: []byte("s-1")}
+	req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte("127.0.0.1"), Header: h}
+	var d Decision
+	check := func(r Request) Outcome {
+		d.Reset()
+		l.Check(rs, r, &d)
+		return d.Outcome
+	}
+	// Warm up until every window holds a lease large enough for the runs.
+	for i := 0; i < 4000; i++ {
+		if check(req) != Admit {
+			t.Fatal("limited while warming up")
+		}
+	}
+	// Measure runs that needed no refill (a refill's Redis call allocates;
+	// AllocsPerRun's integer average could hide it).
+	for try := 0; ; try++ {
+		calls := m.Calls()
+		a := testing.AllocsPerRun(100, func() { check(req) })
+		if m.Calls() != calls {
+			if try == 20 {
+				t.Fatal("every measurement straddled a refill")
+			}
+			continue
+		}
+		if a != 0 {
+			t.Errorf("leased decision: %v allocs, want 0", a)
+		}
+		break
+	}
+	spent := Request{Method: []byte("GET"), Path: []byte("/spent"), Addr: []byte("127.0.0.2")}
+	check(spent)
+	if check(spent) != Limited {
+		t.Fatal("second request in an hour-long window of 1 admitted")
+	}
+	if a := testing.AllocsPerRun(200, func() { check(spent) }); a != 0 {
+		t.Errorf("negative-cache refusal: %v allocs, want 0", a)
+	}
+}
+
+// FuzzClientKey: any header or cookie value yields a bounded key of the
+// expected form, a missing or empty one falls back to the address, and two
+// different values never share a key.
+func FuzzClientKey(f *testing.F) {
+	f.Add([]byte("u1"), []byte("u2"), false)
+	f.Add([]byte("1.2.3.4"), []byte(""), true)
+	f.Add([]byte("{rl:a:1.2.3.4}"), []byte("a:1.2.3.4"), false)
+	f.Add(make([]byte, 5000), []byte("\x00"), true)
+	w := &Window{Kind: PerIP, Source: FromHeader, Name: []byte("X-User-ID")}
+	wc := &Window{Kind: PerIP, Source: FromCookie, Name: []byte("session")}
+	f.Fuzz(func(t *testing.T, v1, v2 []byte, cookie bool) {
+		win := w
+		if cookie {
+			win = wc
+		}
+		key := func(v []byte) string {
+			h := &fakeHeader{name: w.Name, value: v, cookie: wc.Name, cvalue: v}
+			return string(appendClientKey(nil, win, Request{Addr: []byte("203.0.113.9"), Header: h}))
+		}
+		k1, k2 := key(v1), key(v2)
+		for _, tc := range []struct {
+			v []byte
+			k string
+		}{{v1, k1}, {v2, k2}} {
+			if len(tc.v) == 0 {
+				if tc.k != "a:203.0.113.9" {
+					t.Fatalf("empty value: key %q, want the address", tc.k)
+				}
+				continue
+			}
+			if len(tc.k) != 34 || (tc.k[:2] != "h:" && tc.k[:2] != "c:") || strings.ContainsAny(tc.k, "{} ") {
+				t.Fatalf("value %q: key %q", tc.v, tc.k)
+			}
+		}
+		same := string(v1) == string(v2) || (len(v1) > maxKeyInput && len(v2) > maxKeyInput && string(v1[:maxKeyInput]) == string(v2[:maxKeyInput]))
+		if !same && k1 == k2 {
+			t.Fatalf("values %q and %q share key %q", v1, v2, k1)
+		}
+	})
 }
