@@ -890,8 +890,13 @@ func (l *Limiter) apply(c *call, cw *callWindow, m int64) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if c.err != nil {
-		// Nothing was decided: what was to be given back stays queued.
+		// Nothing was decided: what was to be given back stays queued, and
+		// so do the slots this call may have taken if only its reply was
+		// lost (ZREM of members that do not exist is harmless).
 		st.back = append(cw.back, st.back...)
+		if !errors.Is(c.err, errBreakerOpen) && cw.need+cw.extra > 0 {
+			st.back = append(st.back, span{c.seq, 1 + indexOf(c.wins, cw), 1, cw.need + cw.extra})
+		}
 	} else {
 		l.m.returned.Add(float64(spanSlots(cw.back)))
 		g := cw.res
