@@ -71,9 +71,10 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		if soldID, purchase = soldout.PurchaseID(method, path); purchase {
 			sent = time.Now()
 			// A keyed purchase may be the replay of an accepted order: only
-			// the backend can answer it (with that order), so it goes on.
+			// the backend can answer it (with that order), so it goes on. (Its
+			// sold_out answer for a new key is still learnt below.)
 			keyed := len(ctx.Request.Header.PeekBytes(hdrIdempotencyKey)) > 0
-			if body, ctype, ok := h.SoldOut.Lookup(soldID, sent); ok && !keyed {
+			if body, ctype, ok := h.lookupSoldOut(soldID, sent, keyed); ok {
 				ctx.SetStatusCode(fasthttp.StatusConflict)
 				ctx.SetContentTypeBytes(ctype)
 				ctx.SetBody(body)
@@ -122,6 +123,14 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 			}
 		}
 	}
+}
+
+// lookupSoldOut is the edge's sold-out answer for an unkeyed purchase.
+func (h *Handler) lookupSoldOut(id []byte, now time.Time, keyed bool) (body, ctype []byte, ok bool) {
+	if keyed {
+		return nil, nil, false
+	}
+	return h.SoldOut.Lookup(id, now)
 }
 
 // requestPath is the path rules match: ctx.Path() (decoded, dot segments

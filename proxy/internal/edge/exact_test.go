@@ -371,3 +371,34 @@ func noDegraded(t *testing.T, px *proxyUnderTest) {
 		t.Fatal("decisions fell back to on_redis_error: the run proves nothing about the Redis path")
 	}
 }
+
+// Metrics: client_golang text with the Go runtime and process series, the
+// per-window decisions naming the refusing window, lease and call figures.
+func TestMetricsExposition(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t)
+	px := startProxy(t, trustedConfig(t, up.addr, rule("m", 2, 1000, 10*time.Second)))
+	c := client(px.addr)
+	ip := freshIP()
+	for i := 0; i < 4; i++ {
+		get(t, c, "GET", "/x", "X-Forwarded-For", ip)
+	}
+	m := scrape(t, px)
+	for series, want := range map[string]float64{
+		`seckill_proxy_window_decisions_total{outcome="admitted",rule="m",window="address"}`: 2,
+		`seckill_proxy_window_decisions_total{outcome="refused",rule="m",window="address"}`:  2,
+		`seckill_proxy_window_decisions_total{outcome="refused",rule="m",window="global"}`:   0,
+		`seckill_proxy_window_decisions_total{outcome="admitted",rule="m",window="global"}`:  2,
+		`seckill_proxy_decisions_total{outcome="limited",rule="m"}`:                          2,
+	} {
+		if got := metricSum(m, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	for _, name := range []string{"go_goroutines", "process_cpu_seconds_total", "seckill_proxy_redis_calls_per_decision",
+		"seckill_proxy_lease_outstanding_slots", "seckill_proxy_lease_returned_slots_total", `seckill_proxy_redis_calls_total{result="ok"}`} {
+		if !strings.Contains(m, "\n"+name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
