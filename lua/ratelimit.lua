@@ -31,12 +31,16 @@
 --   giveback      "" or space-separated "seq:i:from:to" member ranges of this
 --                 instance to remove first
 --
--- Returns {allowed, now_us, then per window: granted, full, remaining, reset_ms}
+-- Returns {allowed, now_us, admitted, then per window: granted, full,
+--          remaining, reset_ms}
 --   allowed    1: every window with need >= 1 had a free slot; each such
---              window granted min(need, free) slots plus a lease, written
+--              window granted a = min over them of min(need, free) slots
+--              (the requests admitted now) plus a lease, written
 --              0: at least one of them was full; nothing was written
 --              (give-backs excepted)
 --   now_us     Redis TIME of the decision, microseconds
+--   admitted   a above (0 when not allowed): slots 1..a of every window are
+--              the caller's and its waiters', the rest a lease
 --   granted    slots written for window i (0 when not allowed)
 --   full       1: window i had no free slot (it refused this request)
 --   remaining  free slots of window i after this call
@@ -116,14 +120,22 @@ local function reset(key, x, count)
   return math.ceil(r / 1000)
 end
 
-local out = {allowed and 1 or 0, now}
+-- Requests admitted now: at most what every window of the call can take
+-- (more slots in one window would only wait unspent while another refuses).
+local admit = math.huge
+for i = 1, n do
+  local x = w[i]
+  if x.need > 0 then admit = math.min(admit, x.need, x.free) end
+end
+
+local out = {allowed and 1 or 0, now, allowed and admit or 0}
 local seq = ARGV[2]
 for i = 1, n do
   local key, x = KEYS[i], w[i]
   local g, full = 0, 0
   if x.need > 0 and x.free < 1 then full = 1 end
   if allowed and x.need > 0 then
-    local gn = math.min(x.need, x.free)
+    local gn = admit
     local ge = math.floor((x.free - gn) / (2 * live))
     if ge > x.extra then ge = x.extra end
     g = gn + ge

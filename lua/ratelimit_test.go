@@ -35,7 +35,7 @@ func TestRateLimitScript(t *testing.T) {
 	}
 	// free 10, need 3, extra 100: 3 + floor(7/2) = 6 granted.
 	v := run(1, win{10, 3, 100, ""})
-	if v[0] != 1 || v[2] != 6 || v[3] != 0 || v[4] != 4 {
+	if v[0] != 1 || v[2] != 3 || v[3] != 6 || v[4] != 0 || v[5] != 4 {
 		t.Fatalf("first call %v", v)
 	}
 	now := v[1]
@@ -53,16 +53,16 @@ func TestRateLimitScript(t *testing.T) {
 	}
 	// Give back slots 4..6 and take 4 more in the same call: 3 left + 4 = 7.
 	v = run(2, win{10, 4, 0, "1:1:4:6"})
-	if v[2] != 4 || v[4] != 3 {
+	if v[3] != 4 || v[5] != 3 {
 		t.Fatalf("give back + take: %v", v)
 	}
 	v = run(3, win{10, 3, 0, ""})
-	if v[0] != 1 || v[2] != 3 || v[4] != 0 || v[5] < 1900 {
+	if v[0] != 1 || v[3] != 3 || v[5] != 0 || v[6] < 1900 {
 		t.Fatalf("filling call %v: want 3 granted, 0 left, reset ~2000ms", v)
 	}
 	// ip full, g empty: refused, full named for ip only, nothing written to g.
 	v = run(4, win{10, 1, 0, ""}, win{5, 1, 0, ""})
-	if v[0] != 0 || v[2] != 0 || v[3] != 1 || v[6] != 0 || v[7] != 0 || v[8] != 5 {
+	if v[0] != 0 || v[3] != 0 || v[4] != 1 || v[7] != 0 || v[8] != 0 || v[9] != 5 {
 		t.Fatalf("one full window: %v", v)
 	}
 	if n := rdb.ZCard(ctx, g).Val(); n != 0 {
@@ -73,7 +73,7 @@ func TestRateLimitScript(t *testing.T) {
 	}
 	// Give back only (need 0): answers allowed 0, full 0.
 	v = run(5, win{10, 0, 0, "3:1:1:3"})
-	if v[0] != 0 || v[3] != 0 || v[4] != 3 {
+	if v[0] != 0 || v[4] != 0 || v[5] != 3 {
 		t.Fatalf("give back only: %v", v)
 	}
 	for _, bad := range [][]any{
@@ -88,6 +88,14 @@ func TestRateLimitScript(t *testing.T) {
 	}
 	if n := rdb.Exists(ctx, prefix+"{rl:bad}:x").Val(); n != 0 {
 		t.Fatal("a rejected call wrote")
+	}
+	// Two windows, one with 2 free: both grant the 2 requests every window
+	// can take, not more (no unspent slots in the roomier one).
+	a, b := prefix+"{rl:a:2}:r", prefix+"{rl:a:2}:s"
+	v, err := RateLimit.Run(ctx, rdb, []string{a, b}, "i1", 6, 1, 2, 2000, 5, 0, 100, 500, "", 10, 2000, 5, 0, 100, 500, "").Int64Slice()
+	servicetest.Must(t, err, "two windows")
+	if v[0] != 1 || v[2] != 2 || v[3] != 2 || v[7] != 2 || v[9] != 8 {
+		t.Fatalf("two windows, need 5, free 2 and 10: %v, want 2 admitted in each", v)
 	}
 	// Heartbeat: a second instance makes live 2.
 	inst := prefix + "{rl}:instances"

@@ -10,7 +10,7 @@
 #   crowd-proxy  seckill proxy, per-IP 5/1s and a binding global limit
 #   crowd-nginx  nginx + limit_req with the same limits (burst 4 nodelay)
 # prints requests/s, p50/p99, ratios and Redis calls per request.
-# Env: DURATION (8s), CONNS (64), THREADS (2), REDIS_URL, CROWD_CLIENTS
+# Env: SKIP_WRK (set: the crowd only), DURATION (8s), CONNS (64), THREADS (2), REDIS_URL, CROWD_CLIENTS
 # (10000), CROWD_DURATION (5s), CROWD_GLOBAL (3000 per second).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -134,6 +134,7 @@ curl -s -o /dev/null "http://127.0.0.1:$P4/" || true # spend the one slot
 
 calls() { "${REDIS_CLI[@]}" info commandstats | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s+=$3} END {print s+0}'; }
 
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 declare -A RPS P50 P99 REQS
 bench() { # name url
   local out
@@ -146,6 +147,7 @@ bench() { # name url
   if grep -q "Non-2xx" <<<"$out"; then NON2XX[$1]=$(awk '/Non-2xx/ {print $NF}' <<<"$out"); fi
 }
 declare -A NON2XX
+if [ -z "${SKIP_WRK:-}" ]; then
 bench direct "http://127.0.0.1:$UP/"
 bench passthrough "http://127.0.0.1:$PT/"
 before=$(calls)
@@ -154,7 +156,6 @@ after=$(calls)
 bench nginx "http://127.0.0.1:$NG/"
 bench proxy-429 "http://127.0.0.1:$P4/"
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 printf '\n%-12s %12s %10s %10s %10s  %s\n' target "req/s" p50 p99 non-2xx "ratio"
 for n in direct passthrough proxy nginx proxy-429; do
   case $n in
@@ -168,6 +169,7 @@ echo
 # Warm-up requests of the proxy run also called Redis; they are not counted
 # in REQS, so the figure errs high.
 echo "redis calls per forwarded request (proxy run): $(awk -v c="$((after - before))" -v r="${REQS[proxy]}" 'BEGIN { printf "%.5f (%d calls / %d requests)", c / r, c, r }')"
+fi
 
 # The crowd: one short run each, the proxy first (Redis calls counted).
 declare -A CROWD
@@ -190,4 +192,5 @@ for n in crowd-proxy crowd-nginx; do
 done
 degraded=$(curl -s "http://127.0.0.1:$PCA/metrics" | awk '/^seckill_proxy_decisions_total\{outcome="degraded"/ {s+=$2} END {print s+0}')
 echo "crowd-proxy decisions that fell back to on_redis_error: $degraded"
+if [ "$degraded" != 0 ]; then grep -m1 'degraded' "$work/pc.log" || true; fi
 echo "redis calls per request (crowd-proxy): $(awk -v c="$((after - before))" -v r="${CROWD[crowd-proxy.requests]}" -v n="$CROWD_CLIENTS" 'BEGIN { printf "%.5f (%d calls / %d requests; %.2f per client)", c / r, c, r, c / n }')"

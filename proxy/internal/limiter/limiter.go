@@ -124,7 +124,7 @@ type Config struct {
 type Limiter struct {
 	rdb       redis.Cmdable
 	timeout   time.Duration
-	short     time.Duration // spending time of slots asked for waiting requests
+	rtt       atomic.Int64 // smoothed round-trip time to Redis, ns
 	id        string
 	instances string // key of the live-instance set
 	seq       atomic.Uint64
@@ -135,6 +135,7 @@ type Limiter struct {
 	trace     func(string, int64)
 
 	outstanding atomic.Int64 // leased slots held locally, not yet spent or given back
+	batch       batcher
 
 	mu    sync.Mutex
 	rules *Rules // for the sweeper
@@ -149,10 +150,7 @@ func New(c Config) *Limiter {
 		c.Metrics = NewMetrics(prometheus.NewRegistry())
 	}
 	l := &Limiter{rdb: c.Redis, timeout: c.Timeout, id: c.Instance, m: c.Metrics, log: c.Log, trace: c.Trace,
-		instances: c.KeyPrefix + "{rl}:instances",
-		// Waiters are woken as soon as the reply is in: a few scheduling
-		// delays after the call, which itself takes at most the timeout.
-		short: 2*c.Timeout + 50*time.Millisecond}
+		instances: c.KeyPrefix + "{rl}:instances"}
 	l.live.Store(1)
 	l.br.init()
 	return l
@@ -221,6 +219,7 @@ func (l *Limiter) Sweep(now time.Time) {
 		st.mu.Lock()
 		st.expireAll(m, &l.outstanding)
 		if len(st.back) > 0 && st.refill == nil {
+			st.deniedUntil.Store(0) // stale once slots are given back
 			c := call{tag: w.Policy + "\x00" + client, keys: []string{rs.Key(w, []byte(client))}}
 			c.wins = []callWindow{{w: w, st: st, back: st.back}}
 			st.back = nil
@@ -661,15 +660,25 @@ type callWindow struct {
 	res   windowResult
 }
 
+// shortTime is the spending time of slots asked for waiting requests: they
+// are woken when the reply is in, which is a round trip after the call was
+// sent (their deadline counts from then). A few smoothed round trips, at
+// least 50ms; kept short because such a slot counts in its window that much
+// longer than a slot spent at once.
+func (l *Limiter) shortTime() time.Duration {
+	return max(50*time.Millisecond, 4*time.Duration(l.rtt.Load())).Round(time.Millisecond)
+}
+
 // call is one script invocation: windows of one hash tag.
 type call struct {
-	tag  string
-	keys []string
-	wins []callWindow
-	seq  uint64
-	sent int64 // mono ns
-	res  callResult
-	err  error
+	short time.Duration // see shortTime
+	tag   string
+	keys  []string
+	wins  []callWindow
+	seq   uint64
+	sent  int64 // mono ns
+	res   callResult
+	err   error
 }
 
 type windowResult struct {
@@ -679,8 +688,9 @@ type windowResult struct {
 }
 
 type callResult struct {
-	allowed bool
-	now     int64 // Redis µs
+	allowed  bool
+	now      int64 // Redis µs
+	admitted int   // slots 1..admitted of each window: this request and its waiters
 }
 
 // refillAndDecide asks Redis for every window still lacking a slot (one call
@@ -750,6 +760,10 @@ func (l *Limiter) prepare(rs *Rules, es []entry) []call {
 		e.own = nil
 		e.st.mu.Lock()
 		cw.back, e.st.back = e.st.back, nil
+		if len(cw.back) > 0 {
+			// Slots are being given back: a negative answer is stale.
+			e.st.deniedUntil.Store(0)
+		}
 		switch {
 		case e.st.wasted:
 			e.st.want = max(1, e.st.want/2)
@@ -765,9 +779,76 @@ func (l *Limiter) prepare(rs *Rules, es []entry) []call {
 	return calls
 }
 
-// run sends the calls, pipelined in one round trip when there are several.
-// Each call's waiters are counted in just before it is sent.
+// run makes the calls through the batcher and returns when they are done.
 func (l *Limiter) run(calls []call) {
+	j := &job{calls: calls, done: make(chan struct{})}
+	b := &l.batch
+	b.mu.Lock()
+	b.pending = append(b.pending, j)
+	flush := b.flushers < maxFlushers
+	if flush {
+		b.flushers++
+	}
+	b.mu.Unlock()
+	if flush {
+		l.flush()
+	}
+	<-j.done
+}
+
+// maxFlushers: round trips in flight at once; maxBatch: calls per round trip.
+const (
+	maxFlushers = 4
+	maxBatch    = 256
+)
+
+// batcher pipelines the calls of concurrent requests: a request that finds
+// fewer than maxFlushers round trips in flight sends everything queued (its
+// own calls and others') in one pipeline, until the queue is empty. So a
+// crowd of new clients costs a round trip per batch, not per client, and
+// never waits on a free connection of the pool.
+type batcher struct {
+	mu       sync.Mutex
+	pending  []*job
+	flushers int
+}
+
+type job struct {
+	calls []call
+	done  chan struct{}
+}
+
+func (l *Limiter) flush() {
+	b := &l.batch
+	var jobs []*job
+	var cs []*call
+	for {
+		jobs, cs = jobs[:0], cs[:0]
+		b.mu.Lock()
+		for len(b.pending) > 0 && (len(cs) == 0 || len(cs)+len(b.pending[0].calls) <= maxBatch) {
+			j := b.pending[0]
+			b.pending = b.pending[1:]
+			jobs = append(jobs, j)
+			for i := range j.calls {
+				cs = append(cs, &j.calls[i])
+			}
+		}
+		if len(jobs) == 0 {
+			b.flushers--
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		l.send(cs)
+		for _, j := range jobs {
+			close(j.done)
+		}
+	}
+}
+
+// send makes the calls, pipelined in one round trip when there are several.
+// Each call's waiters are counted in just before it is sent.
+func (l *Limiter) send(calls []*call) {
 	start := time.Now()
 	if !l.br.allow(start) {
 		l.m.skipped.Add(float64(len(calls)))
@@ -778,9 +859,11 @@ func (l *Limiter) run(calls []call) {
 	}
 	live := l.Live()
 	argv := make([][]any, len(calls))
+	short := l.shortTime()
 	for i := range calls {
-		c := &calls[i]
+		c := calls[i]
 		c.seq = l.seq.Add(1)
+		c.short = short
 		args := make([]any, 0, 3+7*len(c.wins))
 		args = append(args, l.id, c.seq, live)
 		for j := range c.wins {
@@ -795,7 +878,7 @@ func (l *Limiter) run(calls []call) {
 				cw.need, cw.extra = 0, 0
 			}
 			args = append(args, cw.w.Limit, max(1, cw.w.Length.Milliseconds()), cw.need, max(0, cw.extra),
-				l.short.Milliseconds(), cw.w.Lease.Milliseconds(), formatSpans(cw.back))
+				c.short.Milliseconds(), cw.w.Lease.Milliseconds(), formatSpans(cw.back))
 		}
 		argv[i] = args
 	}
@@ -818,14 +901,20 @@ func (l *Limiter) run(calls []call) {
 			}
 		}
 	}
-	l.m.latency.Observe(time.Since(start).Seconds())
+	took := time.Since(start)
+	l.m.latency.Observe(took.Seconds())
+	if old := l.rtt.Load(); old == 0 {
+		l.rtt.Store(int64(took))
+	} else {
+		l.rtt.Store(old + (int64(took)-old)/8)
+	}
 	failed := false
 	for i := range calls {
-		c := &calls[i]
+		c := calls[i]
 		c.sent = sent
 		l.m.called.Add(1)
 		vals, err := cmds[i].Int64Slice()
-		if err == nil && len(vals) != 2+4*len(c.wins) {
+		if err == nil && len(vals) != 3+4*len(c.wins) {
 			err = fmt.Errorf("%d values for %d windows", len(vals), len(c.wins))
 		}
 		if err != nil {
@@ -835,9 +924,9 @@ func (l *Limiter) run(calls []call) {
 			continue
 		}
 		l.m.ok.Inc()
-		c.res = callResult{allowed: vals[0] == 1, now: vals[1]}
+		c.res = callResult{allowed: vals[0] == 1, now: vals[1], admitted: int(vals[2])}
 		for j := range c.wins {
-			b := 2 + 4*j
+			b := 3 + 4*j
 			c.wins[j].res = windowResult{granted: int(vals[b]), full: vals[b+1] == 1, remaining: int(vals[b+2]),
 				reset: time.Duration(vals[b+3]) * time.Millisecond}
 		}
@@ -916,9 +1005,9 @@ func (l *Limiter) apply(c *call, cw *callWindow, m int64) {
 				l.m.leaseSize.Observe(float64(g.granted))
 				e.took, e.granted = true, true
 				e.sl = slot{seq: c.seq, idx: idx, j: 1, stamp: c.res.now}
-				gn := min(cw.need, g.granted)
+				gn := min(c.res.admitted, g.granted)
 				if gn >= 2 {
-					st.addBatch(batch{seq: c.seq, idx: idx, from: 2, to: gn, until: c.sent + int64(l.short), t0: c.res.now, sent: c.sent})
+					st.addBatch(batch{seq: c.seq, idx: idx, from: 2, to: gn, until: c.sent + int64(c.short), t0: c.res.now, sent: c.sent})
 				}
 				if g.granted > gn {
 					st.addBatch(batch{seq: c.seq, idx: idx, from: gn + 1, to: g.granted, until: c.sent + int64(cw.w.Lease), t0: c.res.now, sent: c.sent})
