@@ -19,7 +19,7 @@ CROWD_CLIENTS=${CROWD_CLIENTS:-10000} CROWD_DURATION=${CROWD_DURATION:-5s} CROWD
 
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! need wrk || ! need nginx; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk nginx-light >/dev/null
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
