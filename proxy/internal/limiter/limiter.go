@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,10 +167,15 @@ func (l *Limiter) Outstanding() int64 { return l.outstanding.Load() }
 func (l *Limiter) Degraded() bool { return l.br.isOpen() }
 
 // SetRules tells the sweeper which rule set is current.
+// The slots leased under the rule set it replaces are given back.
 func (l *Limiter) SetRules(rs *Rules) {
 	l.mu.Lock()
+	old := l.rules
 	l.rules = rs
 	l.mu.Unlock()
+	if old != nil && old != rs {
+		l.giveBack(old, math.MaxInt64)
+	}
 }
 
 // Run heartbeats (which also learns the live-instance count), gives back
@@ -213,7 +219,24 @@ func (l *Limiter) Sweep(now time.Time) {
 	if rs == nil {
 		return
 	}
-	m := mono(now)
+	l.giveBack(rs, mono(now))
+	for _, r := range rs.list {
+		if r.clients == nil {
+			continue
+		}
+		idle := liveness
+		for _, w := range r.Windows {
+			if w.Kind == PerIP && w.Length > idle {
+				idle = w.Length
+			}
+		}
+		r.clients.sweep(now, idle)
+	}
+}
+
+// giveBack returns to Redis the slots of rs's leases that expired by m (mono
+// ns), one call per key holding some, pipelined.
+func (l *Limiter) giveBack(rs *Rules, m int64) {
 	var calls []call
 	collect := func(rs *Rules, w *Window, client string, st *state) {
 		st.mu.Lock()
@@ -253,18 +276,6 @@ func (l *Limiter) Sweep(now time.Time) {
 				l.m.returned.Add(float64(spanSlots(c.wins[0].back)))
 			}
 		}
-	}
-	for _, r := range rs.list {
-		if r.clients == nil {
-			continue
-		}
-		idle := liveness
-		for _, w := range r.Windows {
-			if w.Kind == PerIP && w.Length > idle {
-				idle = w.Length
-			}
-		}
-		r.clients.sweep(now, idle)
 	}
 }
 

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -166,4 +167,98 @@ func FuzzClientKey(f *testing.F) {
 			t.Fatalf("values %q and %q share key %q", v1, v2, k1)
 		}
 	})
+}
+
+func hashTag(key string) string {
+	i := strings.IndexByte(key, '{')
+	j := strings.IndexByte(key[i+1:], '}')
+	return key[i+1 : i+1+j]
+}
+
+// Cluster readiness: every script call touches keys of one hash tag, per
+// client windows of different clients land under different tags, and the
+// per-client windows of several rules for one client key share one call.
+func TestCallsShareHashTag(t *testing.T) {
+	w := func(key string) *conf.Window { return &conf.Window{Limit: 5, Window: conf.D(time.Second), Key: key} }
+	rs, err := Compile([]conf.Rule{
+		{Name: "a", PathPrefix: "/", PerIP: w(""), Global: w("")},
+		{Name: "b", PathPrefix: "/", PerIP: w(""), Global: w("")},
+		{Name: "c", PathPrefix: "/", PerIP: w("header:X-User-ID")},
+	}, "p:", nil)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Instance: "t", Timeout: time.Second})
+	tags := map[string]bool{}
+	for _, addr := range []string{"192.0.2.1", "192.0.2.2"} {
+		var d Decision
+		req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(addr),
+			Header: &fakeHeader{name: []byte("X-User-ID"), value: []byte("u-" + addr)}}
+		d.matched = rs.Match(nil, req.Method, req.Path)
+		l.collect(req, &d, false, time.Now())
+		for i := range d.entries {
+			d.entries[i].own = nil
+		}
+		calls := l.prepare(rs, d.entries)
+		// a-ip + b-ip (one client key), a-global, b-global, c-key.
+		if len(calls) != 4 {
+			t.Fatalf("%d calls, want 4", len(calls))
+		}
+		for _, c := range calls {
+			tag := hashTag(c.keys[0])
+			for _, k := range c.keys {
+				if hashTag(k) != tag {
+					t.Fatalf("call mixes tags: %v", c.keys)
+				}
+			}
+			if strings.HasPrefix(tag, "rl:a:") || strings.HasPrefix(tag, "rl:h:") {
+				if tags[tag] {
+					t.Fatalf("two clients share tag %q", tag)
+				}
+				tags[tag] = true
+			}
+		}
+	}
+	if len(tags) != 4 {
+		t.Fatalf("per-client tags %v, want 2 clients x (address, header)", tags)
+	}
+}
+
+// Leased slots not spent are given back: by the sweeper once their time is
+// up, and at once when a reload replaces the rules. The log then holds
+// exactly the admitted requests.
+func TestLeaseGiveBack(t *testing.T) {
+	rdb, prefix := servicetest.Redis(t)
+	ctx := context.Background()
+	cr := []conf.Rule{{Name: "g", PathPrefix: "/", Global: &conf.Window{Limit: 1000, Window: conf.D(time.Minute)}}}
+	rs, err := Compile(cr, prefix, nil)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: time.Second, Instance: "gb"})
+	l.SetRules(rs)
+	req := Request{Method: []byte("GET"), Path: []byte("/"), Addr: []byte("192.0.2.9")}
+	admitted := 0
+	for i := 0; i < 20; i++ {
+		var d Decision
+		l.Check(rs, req, &d)
+		if d.Outcome == Admit {
+			admitted++
+		}
+	}
+	key := rs.Key(rs.list[0].Windows[0], nil)
+	if out := l.Outstanding(); out == 0 || rdb.ZCard(ctx, key).Val() != int64(admitted)+out {
+		t.Fatalf("outstanding %d, log %d, admitted %d", out, rdb.ZCard(ctx, key).Val(), admitted)
+	}
+	l.Sweep(time.Now().Add(2 * time.Second)) // every lease has expired by then
+	if out, n := l.Outstanding(), rdb.ZCard(ctx, key).Val(); out != 0 || n != int64(admitted) {
+		t.Fatalf("after the sweep: outstanding %d, log %d, want 0 and %d", out, n, admitted)
+	}
+	for i := 0; i < 20; i++ {
+		var d Decision
+		l.Check(rs, req, &d)
+		admitted++
+	}
+	rs2, err := Compile(cr, prefix, nil)
+	servicetest.Must(t, err, "compile")
+	l.SetRules(rs2)
+	if out, n := l.Outstanding(), rdb.ZCard(ctx, key).Val(); out != 0 || n != int64(admitted) {
+		t.Fatalf("after a reload: outstanding %d, log %d, want 0 and %d", out, n, admitted)
+	}
 }
