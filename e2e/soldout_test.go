@@ -23,7 +23,11 @@ func TestProxyKeyedReplayAfterSoldOut(t *testing.T) {
 	t.Parallel()
 	s := stack.New(t, stack.Options{Backends: 1, Workers: 1})
 	sale := s.CreateSale(t, 43, 1, 1)
-	px := startProxy(t, s.Backends[0].Addr)
+	// The test client stands for a trusted front that sets X-User-ID (without
+	// it the proxy drops a client's own X-User-ID).
+	config := t.TempDir() + "/proxy.toml"
+	servicetest.Must(t, writeFile(config, "[proxy]\ntrusted_proxies = [\"127.0.0.0/8\"]\n"), "config")
+	px := startProxyWith(t, s.Backends[0].Addr, config)
 	buy := func(user, key string) (int, string, string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("%s/api/v1/activities/%d/purchase", px.URL(), sale.ID), bytes.NewReader([]byte(`{}`)))
