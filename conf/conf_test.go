@@ -127,6 +127,11 @@ func TestBadFiles(t *testing.T) {
 		{"rule bad mode", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nglobal = { limit = 1, window = \"1s\" }\non_redis_error = \"maybe\"", []string{"proxy.rules[0].on_redis_error"}},
 		{"rule zero limit", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nper_ip = { limit = 0, window = \"1s\" }", []string{"proxy.rules[0].per_ip.limit"}},
 		{"duplicate rule", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nper_ip = { limit = 1, window = \"1s\" }\n[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/a\"\nper_ip = { limit = 1, window = \"1s\" }", []string{"proxy.rules[1].name: duplicate rule name"}},
+		{"bad window key source", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nper_ip = { limit = 1, window = \"1s\", key = \"query:u\" }", []string{"proxy.rules[0].per_ip.key: must be \"ip\""}},
+		{"empty header name", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nper_ip = { limit = 1, window = \"1s\", key = \"header:\" }", []string{"proxy.rules[0].per_ip.key: header name must be 1 to 64"}},
+		{"bad header name", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nper_ip = { limit = 1, window = \"1s\", key = \"header:X User\" }", []string{"proxy.rules[0].per_ip.key: header name \"X User\""}},
+		{"header Cookie", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nper_ip = { limit = 1, window = \"1s\", key = \"header:cookie\" }", []string{"proxy.rules[0].per_ip.key: header:Cookie"}},
+		{"global with key", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nglobal = { limit = 1, window = \"1s\", key = \"header:X-User-ID\" }", []string{"proxy.rules[0].global.key: a global window"}},
 		{"several at once", "[worker]\nbatch_size = 0\n[backend]\nlisten = \"x\"", []string{"2 problems", "worker.batch_size", "backend.listen"}},
 	}
 	for _, tc := range cases {
@@ -210,6 +215,49 @@ func FuzzParse(f *testing.F) {
 		// Whatever Parse accepts must pass validation again.
 		if err := c.Validate(); err != nil {
 			t.Fatalf("accepted config fails Validate: %v", err)
+		}
+	})
+}
+
+func TestParseKey(t *testing.T) {
+	for _, tc := range []struct{ in, source, name string }{
+		{"", KeyAddress, ""}, {"ip", KeyAddress, ""}, {"header:X-User-ID", KeyHeader, "X-User-ID"},
+		{"header:Authorization", KeyHeader, "Authorization"}, {"cookie:session_id", KeyCookie, "session_id"},
+	} {
+		src, name, err := ParseKey(tc.in)
+		if err != nil || src != tc.source || name != tc.name {
+			t.Errorf("ParseKey(%q) = %q %q %v", tc.in, src, name, err)
+		}
+	}
+}
+
+// FuzzParseKey: an accepted key names a known source and a token name that
+// survives a round trip; nothing panics.
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{"ip", "header:X-User-ID", "cookie:s", "header:", "x:y", "header:a:b", "cookie:\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		src, name, err := ParseKey(s)
+		if err != nil {
+			return
+		}
+		switch src {
+		case KeyAddress:
+			if name != "" {
+				t.Fatalf("%q: address key with name %q", s, name)
+			}
+		case KeyHeader, KeyCookie:
+			if s != src+":"+name || name == "" || len(name) > 64 {
+				t.Fatalf("%q: parsed as %q %q", s, src, name)
+			}
+			for i := 0; i < len(name); i++ {
+				if !tokenChar(name[i]) {
+					t.Fatalf("%q: name byte %q", s, name[i])
+				}
+			}
+		default:
+			t.Fatalf("%q: source %q", s, src)
 		}
 	})
 }

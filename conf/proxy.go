@@ -1,6 +1,7 @@
 package conf
 
 import (
+	"fmt"
 	"net"
 	"net/url"
 	"strings"
@@ -58,6 +59,51 @@ type Rule struct {
 type Window struct {
 	Limit  int      `toml:"limit"`
 	Window Duration `toml:"window"`
+	// Key is what a per_ip window counts by: "ip" (default: the client
+	// address), "header:<Name>" or "cookie:<Name>"; a request without that
+	// header or cookie is counted by its address. Global windows have none.
+	Key string `toml:"key"`
+}
+
+// Key sources of a per-client window.
+const (
+	KeyAddress = "ip"
+	KeyHeader  = "header"
+	KeyCookie  = "cookie"
+)
+
+// ParseKey splits a window key into its source (KeyAddress, KeyHeader,
+// KeyCookie) and the header or cookie name; "" is KeyAddress.
+func ParseKey(s string) (source, name string, err error) {
+	if s == "" || s == KeyAddress {
+		return KeyAddress, "", nil
+	}
+	source, name, ok := strings.Cut(s, ":")
+	if !ok || (source != KeyHeader && source != KeyCookie) {
+		return "", "", fmt.Errorf("must be \"ip\", \"header:<Name>\" or \"cookie:<Name>\", got %q", s)
+	}
+	if name == "" || len(name) > 64 {
+		return "", "", fmt.Errorf("%s name must be 1 to 64 characters, got %q", source, name)
+	}
+	for i := 0; i < len(name); i++ {
+		if !tokenChar(name[i]) {
+			return "", "", fmt.Errorf("%s name %q: byte %q is not allowed in a %s name", source, name, name[i], source)
+		}
+	}
+	if source == KeyHeader && strings.EqualFold(name, "Cookie") {
+		return "", "", fmt.Errorf("header:Cookie keys by every cookie at once; use cookie:<Name>")
+	}
+	return source, name, nil
+}
+
+// tokenChar: RFC 9110 tchar, the characters of a header field name (cookie
+// names are tokens too, RFC 6265).
+func tokenChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 func defaultProxy() Proxy {
@@ -152,9 +198,15 @@ func (r *Rule) validate(p *problems, key string, names map[string]bool) {
 	}
 	if r.PerIP != nil {
 		r.PerIP.validate(p, key+".per_ip")
+		if _, _, err := ParseKey(r.PerIP.Key); err != nil {
+			p.add(key+".per_ip.key", "%v", err)
+		}
 	}
 	if r.Global != nil {
 		r.Global.validate(p, key+".global")
+		if r.Global.Key != "" {
+			p.add(key+".global.key", "a global window is shared by every client and has no key, got %q", r.Global.Key)
+		}
 	}
 	switch r.OnRedisError {
 	case "":

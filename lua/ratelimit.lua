@@ -1,128 +1,167 @@
--- ratelimit.lua: exact sliding-window logs for every window one request needs,
--- checked and taken in ONE atomic call, timed by Redis TIME (the one clock).
+-- ratelimit.lua: exact sliding-window logs of the proxy's limiter. One call
+-- checks and takes slots of every window of ONE hash tag that a request needs,
+-- atomically, timed by Redis TIME (the one clock).
 --
--- Each window is a sorted set: one member per admitted request (or leased slot),
--- member = "<instance>:<seq>:<i>:<j>" (unique: instance id + call sequence +
--- window index + slot index, never a bare timestamp), score = admission time in
--- microseconds. Only admitted requests are added, so a client that keeps
--- hammering is not locked out beyond the window; a log never holds more than its
--- limit (a slot is only added while count < limit); the key's TTL is the window.
+-- Each window is a sorted set with one member per admitted request or leased
+-- slot: member = "<instance>:<seq>:<i>:<j>" (instance id, call sequence of that
+-- instance, window index in the call, slot index 1..granted), score = the
+-- latest time the slot may be spent, in microseconds of Redis TIME:
+--   slot 1          the caller's own request, decided now:          now
+--   slots 2..need   requests waiting on this call (shared refill):  now + short
+--   further slots   a speculative lease:                            now + lease
+-- A member counts while score > now - window. Scoring a slot at the end of
+-- its spending time is what keeps the window exact: a slot spent at any time
+-- up to its score is inside the log for a whole window after it was spent.
+-- The caller gives back slots it did not spend (ZREM of their members), in
+-- its next call for the key; that call removes them before it counts.
 --
--- Cluster slots: the per-IP windows of several rules and the global windows of
--- one request must sit in ONE slot to be checked atomically, and a global window
--- is shared by every client. So every limiter key carries the same hash tag
--- "{rl}" (e.g. "<prefix>{rl}:w:purchase:ip:203.0.113.7"): the limiter lives on
--- one shard. That is deliberate: the local token cache keeps Redis calls to a
--- few per hundred requests, so one shard carries it; different stacks use
--- different key prefixes.
+-- All KEYS must share one hash tag (the caller groups windows by tag).
 --
--- KEYS[1]        live-instance set (member = instance id, score = last call, µs)
--- KEYS[2..n+1]   window logs, one per window the request needs
--- ARGV[1]        instance id (heartbeat member, prefix of slot members)
--- ARGV[2]        call sequence number of that instance
--- ARGV[3]        liveness in ms: instances silent longer are not counted
--- ARGV[4+3(i-1)] limit of window i          (integer >= 1)
--- ARGV[5+3(i-1)] length of window i in ms   (integer >= 1)
--- ARGV[6+3(i-1)] slots wanted from window i (integer >= 1; > 1 asks for a lease)
+-- KEYS[1..n]      window logs
+-- ARGV[1]         instance id (prefix of members)
+-- ARGV[2]         call sequence number of that instance
+-- ARGV[3]         live proxy instances (>= 1): caps a speculative lease
+-- per window i, 7 values from ARGV[4 + 7(i-1)]:
+--   limit         integer >= 1
+--   window_ms     integer >= 1
+--   need          integer >= 0: requests to admit now (0: give back only)
+--   extra         integer >= 0: speculative slots wanted beyond need
+--   short_ms      integer >= 0: spending time of slots 2..need
+--   lease_ms      integer >= 0: spending time of the speculative slots
+--   giveback      "" or space-separated "seq:i:from:to" member ranges of this
+--                 instance to remove first
 --
--- Returns {live, allowed, g_1, r_1, t_1, ..., g_n, r_n, t_n}
---   live     number of live instances (this one included)
---   allowed  1: every window granted g_i >= 1 slots, all were written
---            0: some window is full; nothing was written, g_i = 0 for the
---               full windows (the violated ones)
---   g_i      slots granted: min(wanted, free, max(1, floor(free / (2 * live))))
---            so a lease is large far from the limit and 1 near it
---   r_i      slots still free after this call
---   t_i      ms until the next slot of window i frees (exact, rounded up): for
---            a full window the earliest time a retry can be admitted; 0 when
---            the log is empty
--- Errors (before any write): a malformed ARGV.
-local n = #KEYS - 1
-if #ARGV ~= 3 + 3 * n then
-  return redis.error_reply('ERR ratelimit: want ' .. (3 + 3 * n) .. ' ARGV, got ' .. #ARGV)
+-- Returns {allowed, now_us, admitted, then per window: granted, full,
+--          remaining, reset_ms}
+--   allowed    1: every window with need >= 1 had a free slot; each such
+--              window granted a = min over them of min(need, free) slots
+--              (the requests admitted now) plus a lease, written
+--              0: at least one of them was full; nothing was written
+--              (give-backs excepted)
+--   now_us     Redis TIME of the decision, microseconds
+--   admitted   a above (0 when not allowed): slots 1..a of every window are
+--              the caller's and its waiters', the rest a lease
+--   granted    slots written for window i (0 when not allowed)
+--   full       1: window i had no free slot (it refused this request)
+--   remaining  free slots of window i after this call
+--   reset_ms   ms until the next slot of window i frees, rounded up; 0 for
+--              an empty log. With remaining = 0 this is the earliest moment
+--              a retry can be admitted.
+-- Errors (before any write): malformed ARGV.
+local n = #KEYS
+if n < 1 or #ARGV ~= 3 + 7 * n then
+  return redis.error_reply('ERR ratelimit: want 3+7*' .. n .. ' ARGV, got ' .. #ARGV)
 end
-local liveness = tonumber(ARGV[3])
-if not liveness or liveness < 1 then
-  return redis.error_reply('ERR ratelimit: bad liveness ' .. tostring(ARGV[3]))
+local live = tonumber(ARGV[3])
+if not live or live < 1 or live ~= math.floor(live) then
+  return redis.error_reply('ERR ratelimit: bad live ' .. tostring(ARGV[3]))
 end
-local limits, wins, wants = {}, {}, {}
+local function int(v, lo)
+  local x = tonumber(v)
+  if not x or x < lo or x ~= math.floor(x) then return nil end
+  return x
+end
+local w = {}
+local any = false
 for i = 1, n do
-  local b = 3 + 3 * (i - 1)
-  local l, w, k = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  if not l or l < 1 or l ~= math.floor(l) or not w or w < 1 or w ~= math.floor(w)
-      or not k or k < 1 or k ~= math.floor(k) then
-    return redis.error_reply('ERR ratelimit: bad limit/window/want for window ' .. i)
+  local b = 3 + 7 * (i - 1)
+  local x = {limit = int(ARGV[b + 1], 1), win = int(ARGV[b + 2], 1), need = int(ARGV[b + 3], 0),
+    extra = int(ARGV[b + 4], 0), short = int(ARGV[b + 5], 0), lease = int(ARGV[b + 6], 0), back = {}}
+  if not (x.limit and x.win and x.need and x.extra and x.short and x.lease) then
+    return redis.error_reply('ERR ratelimit: bad limit/window/need/extra/short/lease for window ' .. i)
   end
-  limits[i], wins[i], wants[i] = l, w * 1000, k
+  for seq, wi, from, to in string.gmatch(ARGV[b + 7], '(%d+):(%d+):(%d+):(%d+)') do
+    from, to = tonumber(from), tonumber(to)
+    if from < 1 or to < from or to - from > 100000 then
+      return redis.error_reply('ERR ratelimit: bad giveback range for window ' .. i)
+    end
+    x.back[#x.back + 1] = {seq, wi, from, to}
+  end
+  if x.need > 0 then any = true end
+  x.win, x.short, x.lease = x.win * 1000, x.short * 1000, x.lease * 1000
+  w[i] = x
 end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local prefix = ARGV[1] .. ':'
 
--- Heartbeat: every call (and an idle instance's periodic call with n = 0).
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - liveness * 1000)
-redis.call('PEXPIRE', KEYS[1], liveness * 2)
-local live = redis.call('ZCARD', KEYS[1])
-
-local out = {live, 1}
-local grants = {}
-local allowed = true
+-- Give back unspent slots, then drop what slid out, then count.
+local allowed = any
 for i = 1, n do
-  local key, limit, win = KEYS[i + 1], limits[i], wins[i]
-  -- A slot admitted at s is inside the window while s > now - win.
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - win)
-  local count = redis.call('ZCARD', key)
-  local free = limit - count
-  local g, reset = 0, 0
-  if free >= 1 then
-    g = math.floor(free / (2 * live))
-    if g < 1 then g = 1 end
-    if g > wants[i] then g = wants[i] end
-    if g > free then g = free end
-    if count > 0 then
-      local o = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      reset = tonumber(o[2]) + win - now
+  local key, x = KEYS[i], w[i]
+  for _, r in ipairs(x.back) do
+    local p = prefix .. r[1] .. ':' .. r[2] .. ':'
+    local j = r[3]
+    while j <= r[4] do
+      local args = {}
+      local last = math.min(r[4], j + 499)
+      for s = j, last do args[#args + 1] = p .. s end
+      redis.call('ZREM', key, unpack(args))
+      j = last + 1
     end
-  else
-    allowed = false
-    -- count - limit + 1 slots must expire before one is free: the one at
-    -- rank count - limit (0-based, oldest first) is the last of them.
-    local o = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
-    reset = tonumber(o[2]) + win - now
   end
-  if reset < 0 then reset = 0 end
-  grants[i] = g
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - x.win)
+  x.count = redis.call('ZCARD', key)
+  x.free = x.limit - x.count
+  if x.need > 0 and x.free < 1 then allowed = false end
+end
+
+-- reset: time until count - limit + 1 slots have slid out (the one at rank
+-- count - limit, oldest first, is the last of them), or until the oldest
+-- slides out while there is room.
+local function reset(key, x, count)
+  if count == 0 then return 0 end
+  local rank = 0
+  if count >= x.limit then rank = count - x.limit end
+  local o = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  local r = tonumber(o[2]) + x.win - now
+  if r < 0 then r = 0 end
+  return math.ceil(r / 1000)
+end
+
+-- Requests admitted now: at most what every window of the call can take
+-- (more slots in one window would only wait unspent while another refuses).
+local admit = math.huge
+for i = 1, n do
+  local x = w[i]
+  if x.need > 0 then admit = math.min(admit, x.need, x.free) end
+end
+
+local out = {allowed and 1 or 0, now, allowed and admit or 0}
+local seq = ARGV[2]
+for i = 1, n do
+  local key, x = KEYS[i], w[i]
+  local g, full = 0, 0
+  if x.need > 0 and x.free < 1 then full = 1 end
+  if allowed and x.need > 0 then
+    local gn = admit
+    local ge = math.floor((x.free - gn) / (2 * live))
+    if ge > x.extra then ge = x.extra end
+    g = gn + ge
+    local p = prefix .. seq .. ':' .. i .. ':'
+    local j = 1
+    while j <= g do
+      local args = {}
+      local last = math.min(g, j + 499)
+      for s = j, last do
+        local score = now + x.lease
+        if s == 1 then score = now elseif s <= gn then score = now + x.short end
+        args[#args + 1] = score
+        args[#args + 1] = p .. s
+      end
+      redis.call('ZADD', key, unpack(args))
+      j = last + 1
+    end
+    -- The key lives while its latest member can count; never shorten it
+    -- (a reload may have shortened the lease).
+    local ttl = math.ceil((x.win + math.max(x.short, x.lease)) / 1000) + 1
+    if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+  end
+  local count = x.count + g
   out[#out + 1] = g
-  out[#out + 1] = free - g
-  out[#out + 1] = math.ceil(reset / 1000)
-end
-
-if not allowed then
-  out[2] = 0
-  for i = 1, n do
-    if grants[i] > 0 then
-      out[3 + 3 * (i - 1) + 1] = out[3 + 3 * (i - 1) + 1] + grants[i]
-      out[3 + 3 * (i - 1)] = 0
-    end
-  end
-  return out
-end
-
-local prefix = ARGV[1] .. ':' .. ARGV[2] .. ':'
-for i = 1, n do
-  local key, g = KEYS[i + 1], grants[i]
-  local j = 1
-  while j <= g do
-    local args = {}
-    local last = math.min(g, j + 499)
-    for s = j, last do
-      args[#args + 1] = now
-      args[#args + 1] = prefix .. i .. ':' .. s
-    end
-    redis.call('ZADD', key, unpack(args))
-    j = last + 1
-  end
-  redis.call('PEXPIRE', key, wins[i] / 1000)
+  out[#out + 1] = full
+  out[#out + 1] = math.max(0, x.limit - count)
+  out[#out + 1] = reset(key, x, count)
 end
 return out

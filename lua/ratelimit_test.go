@@ -8,50 +8,104 @@ import (
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
-// The script: admits only while count < limit, grants leases capped by
-// free/(2*live), writes unique members, sets the TTL to the window, returns
-// the exact retry time, and rejects malformed ARGV before any write.
+// The script: grants min(need, free) plus a lease capped by free/(2*live),
+// scores slot 1 now, waiters' slots at now+short and the lease at
+// now+lease; answers "full" only for the window without room and writes
+// nothing then; gives back named members before counting; never shortens the
+// TTL; and rejects malformed ARGV before any write.
 func TestRateLimitScript(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := servicetest.Redis(t)
 	ctx := context.Background()
-	inst, key := prefix+"{rl}:instances", prefix+"{rl}:w:t:g"
-	run := func(seq, limit, want int) []int64 {
-		v, err := RateLimit.Run(ctx, rdb, []string{inst, key}, "i1", seq, 3000, limit, 2000, want).Int64Slice()
+	ip, g := prefix+"{rl:a:1}:r", prefix+"{rl:a:1}:s"
+	type win struct {
+		limit, need, extra int
+		back               string
+	}
+	run := func(seq int, ws ...win) []int64 {
+		t.Helper()
+		keys := []string{ip, g}[:len(ws)]
+		args := []any{"i1", seq, 1}
+		for _, w := range ws {
+			args = append(args, w.limit, 2000, w.need, w.extra, 100, 500, w.back)
+		}
+		v, err := RateLimit.Run(ctx, rdb, keys, args...).Int64Slice()
 		servicetest.Must(t, err, "run")
 		return v
 	}
-	v := run(1, 10, 100) // free 10, live 1: lease floor(10/2) = 5
-	if v[0] != 1 || v[1] != 1 || v[2] != 5 || v[3] != 5 {
+	// free 10, need 3, extra 100: 3 + floor(7/2) = 6 granted.
+	start := time.Now()
+	v := run(1, win{10, 3, 100, ""})
+	if v[0] != 1 || v[2] != 3 || v[3] != 6 || v[4] != 0 || v[5] != 4 {
 		t.Fatalf("first call %v", v)
 	}
-	v = run(2, 10, 1)
-	if v[2] != 1 || v[3] != 4 {
-		t.Fatalf("second call %v", v)
+	now := v[1]
+	zs := rdb.ZRangeWithScores(ctx, ip, 0, -1).Val()
+	scores := map[string]int64{}
+	for _, z := range zs {
+		scores[z.Member.(string)] = int64(z.Score)
 	}
-	for i := 0; i < 4; i++ {
-		run(3+i, 10, 1)
+	if scores["i1:1:1:1"] != now || scores["i1:1:1:2"] != now+100_000 || scores["i1:1:1:3"] != now+100_000 ||
+		scores["i1:1:1:4"] != now+500_000 || len(scores) != 6 {
+		t.Fatalf("scores %v (now %d)", scores, now)
 	}
-	v = run(9, 10, 1)
-	if v[1] != 0 || v[2] != 0 || v[4] < 1900 || v[4] > 2000 {
-		t.Fatalf("full window: %v, want denied with retry ~2000ms", v)
+	// The TTL was set to window + lease (2.5s, +1ms) when the call ran, at
+	// most `el` ago.
+	if ttl, el := rdb.PTTL(ctx, ip).Val(), time.Since(start); ttl > 2501*time.Millisecond || ttl+el < 2500*time.Millisecond {
+		t.Fatalf("ttl %v read %v after the call, want window + lease", ttl, el)
 	}
-	if n := rdb.ZCard(ctx, key).Val(); n != 10 {
+	// Give back slots 4..6 and take 4 more in the same call: 3 left + 4 = 7.
+	v = run(2, win{10, 4, 0, "1:1:4:6"})
+	if v[3] != 4 || v[5] != 3 {
+		t.Fatalf("give back + take: %v", v)
+	}
+	v = run(3, win{10, 3, 0, ""})
+	if v[0] != 1 || v[3] != 3 || v[5] != 0 || v[6] < 1900 {
+		t.Fatalf("filling call %v: want 3 granted, 0 left, reset ~2000ms", v)
+	}
+	// ip full, g empty: refused, full named for ip only, nothing written to g.
+	v = run(4, win{10, 1, 0, ""}, win{5, 1, 0, ""})
+	if v[0] != 0 || v[3] != 0 || v[4] != 1 || v[7] != 0 || v[8] != 0 || v[9] != 5 {
+		t.Fatalf("one full window: %v", v)
+	}
+	if n := rdb.ZCard(ctx, g).Val(); n != 0 {
+		t.Fatalf("refused call wrote %d slots to the other window", n)
+	}
+	if n := rdb.ZCard(ctx, ip).Val(); n != 10 {
 		t.Fatalf("log holds %d, want exactly the limit 10", n)
 	}
-	if ttl := rdb.PTTL(ctx, key).Val(); ttl <= 0 || ttl > 2*time.Second {
-		t.Fatalf("ttl %v, want the window", ttl)
+	// Give back only (need 0): answers allowed 0, full 0.
+	v = run(5, win{10, 0, 0, "3:1:1:3"})
+	if v[0] != 0 || v[4] != 0 || v[5] != 3 {
+		t.Fatalf("give back only: %v", v)
 	}
-	if err := RateLimit.Run(ctx, rdb, []string{inst, key}, "i1", 1, 3000, 0, 2000, 1).Err(); err == nil {
-		t.Fatal("limit 0 accepted")
+	for _, bad := range [][]any{
+		{"i1", 1, 1, 0, 2000, 1, 0, 0, 0, ""},        // limit 0
+		{"i1", 1, 0, 5, 2000, 1, 0, 0, 0, ""},        // live 0
+		{"i1", 1, 1, 5, 2000, 1, 0, 0, 0, "1:1:5:2"}, // reversed range
+		{"i1", 1, 1, 5}, // short ARGV
+	} {
+		if err := RateLimit.Run(ctx, rdb, []string{prefix + "{rl:bad}:x"}, bad...).Err(); err == nil {
+			t.Fatalf("malformed ARGV %v accepted", bad)
+		}
 	}
-	if err := RateLimit.Run(ctx, rdb, []string{inst, key}, "i1", 1, 3000, 5).Err(); err == nil {
-		t.Fatal("short ARGV accepted")
+	if n := rdb.Exists(ctx, prefix+"{rl:bad}:x").Val(); n != 0 {
+		t.Fatal("a rejected call wrote")
 	}
-	// Heartbeat only: a second instance makes live 2.
-	v2, err := RateLimit.Run(ctx, rdb, []string{inst}, "i2", 1, 3000).Int64Slice()
+	// Two windows, one with 2 free: both grant the 2 requests every window
+	// can take, not more (no unspent slots in the roomier one).
+	a, b := prefix+"{rl:a:2}:r", prefix+"{rl:a:2}:s"
+	v, err := RateLimit.Run(ctx, rdb, []string{a, b}, "i1", 6, 1, 2, 2000, 5, 0, 100, 500, "", 10, 2000, 5, 0, 100, 500, "").Int64Slice()
+	servicetest.Must(t, err, "two windows")
+	if v[0] != 1 || v[2] != 2 || v[3] != 2 || v[7] != 2 || v[9] != 8 {
+		t.Fatalf("two windows, need 5, free 2 and 10: %v, want 2 admitted in each", v)
+	}
+	// Heartbeat: a second instance makes live 2.
+	inst := prefix + "{rl}:instances"
+	servicetest.Must(t, Instances.Run(ctx, rdb, []string{inst}, "i1", 3000).Err(), "heartbeat")
+	n, err := Instances.Run(ctx, rdb, []string{inst}, "i2", 3000).Int64()
 	servicetest.Must(t, err, "heartbeat")
-	if len(v2) != 2 || v2[0] != 2 {
-		t.Fatalf("heartbeat %v, want live 2", v2)
+	if n != 2 {
+		t.Fatalf("live %d, want 2", n)
 	}
 }

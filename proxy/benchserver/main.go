@@ -1,6 +1,8 @@
 // Command benchserver is the other half of `make bench-proxy`: a trivial
-// upstream (-mode upstream) and a bare fasthttp pass-through without limits
-// (-mode passthrough), the baselines the proxy is measured against.
+// upstream (-mode upstream), a bare fasthttp pass-through without limits
+// (-mode passthrough), the baselines the proxy is measured against, and a
+// crowd (-mode crowd): many clients, each its own source address on
+// 127.0.0.0/8 with one keep-alive connection, which wrk cannot do.
 package main
 
 import (
@@ -15,8 +17,17 @@ import (
 func main() {
 	mode := flag.String("mode", "upstream", "upstream or passthrough")
 	listen := flag.String("listen", "127.0.0.1:0", "listen address")
-	target := flag.String("target", "", "passthrough: upstream host:port")
+	target := flag.String("target", "", "passthrough, crowd: host:port to send to")
+	clients := flag.Int("clients", 10000, "crowd: distinct source addresses, one connection each")
+	duration := flag.Duration("duration", 5*time.Second, "crowd: how long to send")
 	flag.Parse()
+	if *mode == "crowd" {
+		if err := crowd(*target, *clients, *duration, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "benchserver:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*mode, *listen, *target); err != nil {
 		fmt.Fprintln(os.Stderr, "benchserver:", err)
 		os.Exit(1)

@@ -13,10 +13,10 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/proxy/internal/forward"
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
-	"github.com/seckill/seckill/proxy/internal/metrics"
 	"github.com/seckill/seckill/proxy/internal/readcache"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
@@ -28,9 +28,18 @@ type Proxy struct {
 	cfg     conf.Config
 }
 
+// Option adjusts New.
+type Option func(*limiter.Config)
+
+// WithTrace reports every admitted request's windows with their Redis-time
+// decision stamps (see limiter.Config.Trace); for tests.
+func WithTrace(fn func(policy string, redisMicros int64)) Option {
+	return func(c *limiter.Config) { c.Trace = fn }
+}
+
 // New wires a proxy instance from a validated configuration.
-func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger) (*Proxy, error) {
-	reg := &metrics.Registry{}
+func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger, opts ...Option) (*Proxy, error) {
+	reg := metrics.NewRegistry("proxy")
 	lm := limiter.NewMetrics(reg)
 	id, err := identity.New(cfg.Proxy.TrustedProxies, cfg.Proxy.IPv6Prefix)
 	if err != nil {
@@ -40,8 +49,12 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger) (*Proxy, error) {
 	_, _ = rand.Read(rnd[:])
 	host, _ := os.Hostname()
 	inst := limiter.FormatInstance(host, binary.LittleEndian.Uint64(rnd[:]))
-	lim := limiter.New(limiter.Config{Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Timeout: cfg.Proxy.RedisTimeout.Duration,
-		Instance: inst, Metrics: lm, Log: log})
+	lc := limiter.Config{Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Timeout: cfg.Proxy.RedisTimeout.Duration,
+		Instance: inst, Metrics: lm, Log: log}
+	for _, o := range opts {
+		o(&lc)
+	}
+	lim := limiter.New(lc)
 	pool, err := forward.NewPool(cfg.Proxy.Upstreams, forward.Options{
 		ConnectTimeout:  cfg.Proxy.UpstreamConnect.Duration,
 		Timeout:         cfg.Proxy.UpstreamTimeout.Duration,
@@ -61,7 +74,7 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger) (*Proxy, error) {
 	}
 	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg),
 		ReadCache: readcache.New(cfg.Proxy.Rules, reg), Registry: reg,
-		Security: NewSecurityMetrics(reg)}
+		Security: NewSecurityMetrics(reg), metrics: metrics.Handler(reg)}
 	h.SetRules(rules)
 	h.SetGate(gate)
 	RegisterGauges(reg, lim)

@@ -12,13 +12,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
+	"github.com/seckill/seckill/internal/metrics"
 	isoldout "github.com/seckill/seckill/internal/soldout"
 	"github.com/seckill/seckill/proxy/internal/forward"
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
-	"github.com/seckill/seckill/proxy/internal/metrics"
 	"github.com/seckill/seckill/proxy/internal/readcache"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
@@ -34,7 +35,8 @@ type Handler struct {
 	SoldOut  *soldout.Cache // nil: disabled
 	// ReadCache answers GETs of rules with a read_cache_ttl; nil: disabled.
 	ReadCache *readcache.Cache
-	Registry  *metrics.Registry
+	Registry  *prometheus.Registry
+	metrics   fasthttp.RequestHandler
 	pool      sync.Pool
 }
 
@@ -54,8 +56,9 @@ type scratch struct {
 }
 
 var (
-	ctJSON    = []byte("application/json")
-	ctProblem = []byte("application/problem+json")
+	hdrIdempotencyKey = []byte("Idempotency-Key")
+	ctJSON            = []byte("application/json")
+	ctProblem         = []byte("application/problem+json")
 )
 
 // Serve is the fasthttp handler of the forwarding listener.
@@ -77,7 +80,11 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if h.SoldOut != nil {
 		if soldID, purchase = soldout.PurchaseID(method, path); purchase {
 			tok = h.SoldOut.Token()
-			if body, ctype, ok := h.SoldOut.Lookup(soldID, ctx.Time()); ok {
+			// A keyed purchase may be the replay of an accepted order: only
+			// the backend can answer it (with that order), so it goes on. (Its
+			// sold_out answer for a new key is still learnt below.)
+			keyed := len(ctx.Request.Header.PeekBytes(hdrIdempotencyKey)) > 0
+			if body, ctype, ok := h.lookupSoldOut(soldID, ctx.Time(), keyed); ok {
 				ctx.SetStatusCode(fasthttp.StatusConflict)
 				ctx.SetContentTypeBytes(ctype)
 				ctx.SetBody(body)
@@ -107,9 +114,8 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	defer h.pool.Put(s)
 	s.d.Reset()
 	s.key = h.clientKey(ctx, s.key[:0])
-	// ctx.Time is when the server began this request (a time.Now a moment
-	// ago), so the limiter needs no clock read of its own.
-	h.Limiter.CheckAt(h.rules.Load(), method, path, s.key, ctx.Time(), &s.d)
+	// Keyed windows read the request's headers as they stand here.
+	h.Limiter.Check(h.rules.Load(), limiter.Request{Method: method, Path: path, Addr: s.key, Header: &ctx.Request.Header}, &s.d)
 	switch s.d.Outcome {
 	case limiter.Limited:
 		h.limited(ctx, &s.d, s)
@@ -146,6 +152,14 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if readTTL > 0 {
 		h.ReadCache.Store([]byte(readKey), path, readTok, &ctx.Response, readTTL, time.Now())
 	}
+}
+
+// lookupSoldOut is the edge's sold-out answer for an unkeyed purchase.
+func (h *Handler) lookupSoldOut(id int64, now time.Time, keyed bool) (body, ctype []byte, ok bool) {
+	if keyed {
+		return nil, nil, false
+	}
+	return h.SoldOut.Lookup(id, now)
 }
 
 // requestPath is the path rules match: ctx.Path() (decoded, dot segments
@@ -351,25 +365,29 @@ func (h *Handler) Admin(ctx *fasthttp.RequestCtx) {
 		}
 		ctx.SetBodyString(`{"status":"ready","degraded":` + degraded + `,"live_instances":` + strconv.Itoa(h.Limiter.Live()) + `}`)
 	case "/metrics":
-		ctx.SetContentType("text/plain; version=0.0.4")
-		_, _ = h.Registry.WriteTo(ctx)
+		if h.metrics == nil {
+			metrics.Handler(h.Registry)(ctx)
+			return
+		}
+		h.metrics(ctx)
 	default:
 		problem(ctx, fasthttp.StatusNotFound, "not-found", "Not found", "admin endpoints: /healthz, /readyz, /metrics")
 	}
 }
 
 // RegisterGauges exports the limiter's lease and degraded state.
-func RegisterGauges(r *metrics.Registry, l *limiter.Limiter) {
-	r.NewGaugeFunc("seckill_proxy_lease_outstanding_slots", "Leased slots held locally, not yet spent: the bound of over-admission.", nil,
-		func(emit func(float64, ...string)) { emit(float64(l.Outstanding())) })
-	r.NewGaugeFunc("seckill_proxy_degraded", "1 while the Redis circuit breaker is open and rules use on_redis_error.", nil,
-		func(emit func(float64, ...string)) {
-			v := 0.0
-			if l.Degraded() {
-				v = 1
-			}
-			emit(v)
-		})
-	r.NewGaugeFunc("seckill_proxy_live_instances", "Live proxy instances as last seen in Redis.", nil,
-		func(emit func(float64, ...string)) { emit(float64(l.Live())) })
+func RegisterGauges(reg prometheus.Registerer, l *limiter.Limiter) {
+	gauge := func(name, help string, fn func() float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, fn))
+	}
+	gauge("seckill_proxy_lease_outstanding_slots",
+		"Leased slots held locally, not yet spent: counted in their windows, so the bound of under-admission.",
+		func() float64 { return float64(l.Outstanding()) })
+	gauge("seckill_proxy_degraded", "1 while the Redis circuit breaker is open and rules use on_redis_error.", func() float64 {
+		if l.Degraded() {
+			return 1
+		}
+		return 0
+	})
+	gauge("seckill_proxy_live_instances", "Live proxy instances as last seen in Redis.", func() float64 { return float64(l.Live()) })
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -52,6 +54,14 @@ func startUpstream(t *testing.T) *upstream {
 			})
 			return
 		case "/api/v1/activities/7/purchase":
+			// A keyed purchase is a replay of an accepted order (as the
+			// backend answers it from its own store); a new one is sold out.
+			if k := ctx.Request.Header.Peek("Idempotency-Key"); len(k) > 0 {
+				ctx.SetStatusCode(202)
+				ctx.SetContentType("application/json")
+				ctx.SetBodyString(`{"order_id":"o-` + string(k) + `","status":"confirmed"}`)
+				return
+			}
 			ctx.SetStatusCode(409)
 			ctx.SetContentType("application/json")
 			ctx.SetBodyString(`{"code":"sold_out","message":"activity 7 is sold out"}`)
@@ -72,14 +82,18 @@ type proxyUnderTest struct {
 	rdb  *redis.Client
 }
 
-// startProxy runs one proxy instance on random ports.
-func startProxy(t *testing.T, cfg conf.Config) *proxyUnderTest {
+// startProxy runs one proxy instance on random ports, with its own Redis
+// client, limiter and instance id (as a separate process would have).
+func startProxy(t *testing.T, cfg conf.Config, opts ...Option) *proxyUnderTest {
 	t.Helper()
 	servicetest.Must(t, cfg.Validate(), "config")
 	rdb := redis.NewClient(cfg.Redis.Options())
 	t.Cleanup(func() { _ = rdb.Close() })
 	log := slog.New(slog.DiscardHandler)
-	p, err := New(cfg, rdb, log)
+	if os.Getenv("SECKILL_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	p, err := New(cfg, rdb, log, opts...)
 	servicetest.Must(t, err, "new proxy")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	servicetest.Must(t, err, "listen")
@@ -150,4 +164,32 @@ func raw(t *testing.T, addr, s string, wait time.Duration) string {
 	_ = c.SetReadDeadline(time.Now().Add(wait))
 	b, _ := io.ReadAll(c)
 	return string(b)
+}
+
+// scrape returns the proxy's /metrics text.
+func scrape(t *testing.T, px *proxyUnderTest) string {
+	t.Helper()
+	var ctx fasthttp.RequestCtx
+	ctx.Request.SetRequestURI("/metrics")
+	px.p.Handler.Admin(&ctx)
+	if ctx.Response.StatusCode() != 200 {
+		t.Fatalf("/metrics: %d", ctx.Response.StatusCode())
+	}
+	return string(ctx.Response.Body())
+}
+
+// metricSum adds the values of every sample line of text starting with
+// series (a metric name with the start of its labels).
+func metricSum(text, series string) float64 {
+	sum := 0.0
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, series) {
+			continue
+		}
+		if i := strings.LastIndexByte(line, ' '); i > 0 {
+			v, _ := strconv.ParseFloat(line[i+1:], 64)
+			sum += v
+		}
+	}
+	return sum
 }

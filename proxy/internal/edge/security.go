@@ -5,11 +5,11 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/proxy/internal/access"
-	"github.com/seckill/seckill/proxy/internal/metrics"
 	"github.com/seckill/seckill/proxy/internal/token"
 )
 
@@ -37,21 +37,23 @@ func NewGate(c conf.Proxy) (*Gate, error) {
 
 // SecurityMetrics count what the gate turned away or vouched for.
 type SecurityMetrics struct {
-	Denied  *metrics.Counter
-	Spoofed *metrics.Counter
-	JWT     struct{ Valid, Invalid, Missing, Refused *metrics.Counter }
+	Denied  prometheus.Counter
+	Spoofed prometheus.Counter
+	JWT     struct{ Valid, Invalid, Missing, Refused prometheus.Counter }
 }
 
 // NewSecurityMetrics registers the gate's counters.
-func NewSecurityMetrics(r *metrics.Registry) *SecurityMetrics {
+func NewSecurityMetrics(reg prometheus.Registerer) *SecurityMetrics {
 	m := &SecurityMetrics{}
-	m.Denied = r.NewCounterVec("seckill_proxy_denied_total",
-		"Requests to a deny_prefixes path answered 404 at the edge, never forwarded.").With()
-	m.Spoofed = r.NewCounterVec("seckill_proxy_user_header_stripped_total",
-		"Client-sent X-User-ID headers removed because the peer is not a trusted proxy.").With()
-	v := r.NewCounterVec("seckill_proxy_jwt_total",
-		"JWT identity: valid and invalid tokens, requests without one, and 401s of rules that require one.", "result")
-	m.JWT.Valid, m.JWT.Invalid, m.JWT.Missing, m.JWT.Refused = v.With("valid"), v.With("invalid"), v.With("missing"), v.With("refused")
+	m.Denied = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_denied_total",
+		Help: "Requests to a deny_prefixes path answered 404 at the edge, never forwarded."})
+	m.Spoofed = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_user_header_stripped_total",
+		Help: "Client-sent X-User-ID headers removed because the peer is not a trusted proxy."})
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "seckill_proxy_jwt_total",
+		Help: "JWT identity: valid and invalid tokens, requests without one, and 401s of rules that require one."}, []string{"result"})
+	reg.MustRegister(m.Denied, m.Spoofed, v)
+	m.JWT.Valid, m.JWT.Invalid, m.JWT.Missing, m.JWT.Refused = v.WithLabelValues("valid"), v.WithLabelValues("invalid"),
+		v.WithLabelValues("missing"), v.WithLabelValues("refused")
 	return m
 }
 

@@ -15,9 +15,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
-	"github.com/seckill/seckill/proxy/internal/metrics"
+	"github.com/seckill/seckill/internal/metrics"
 )
 
 // Options of a Pool.
@@ -40,16 +41,20 @@ type Options struct {
 
 // Metrics of the forward path.
 type Metrics struct {
-	Responses *metrics.CounterVec // upstream, code (2xx.. or 502/504 for proxy errors)
-	Latency   *metrics.HistogramVec
+	Responses *prometheus.CounterVec // upstream, code (2xx.. or 502/504 for proxy errors)
+	Latency   *prometheus.HistogramVec
 }
 
 // NewMetrics registers the forwarding metrics.
-func NewMetrics(r *metrics.Registry) *Metrics {
-	return &Metrics{
-		Responses: r.NewCounterVec("seckill_proxy_upstream_responses_total", "Upstream answers by status class; error: 502/504 made by the proxy.", "upstream", "code"),
-		Latency:   r.NewHistogramVec("seckill_proxy_upstream_seconds", "Upstream latency up to the response header.", metrics.LatencyBuckets, "upstream"),
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Responses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "seckill_proxy_upstream_responses_total",
+			Help: "Upstream answers by status class; error: 502/504 made by the proxy."}, []string{"upstream", "code"}),
+		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "seckill_proxy_upstream_seconds",
+			Help: "Upstream latency up to the response header.", Buckets: metrics.LatencyBuckets}, []string{"upstream"}),
 	}
+	reg.MustRegister(m.Responses, m.Latency)
+	return m
 }
 
 // Upstream is one backend server.
@@ -57,10 +62,10 @@ type Upstream struct {
 	Name      string
 	hc        *fasthttp.HostClient
 	downUntil atomic.Int64 // unix nanos
-	codes     [6]*metrics.Counter
-	timeouts  *metrics.Counter
-	refused   *metrics.Counter
-	latency   *metrics.Histogram
+	codes     [6]prometheus.Counter
+	timeouts  prometheus.Counter
+	refused   prometheus.Counter
+	latency   prometheus.Observer
 }
 
 // Healthy reports whether the upstream is not being skipped.
@@ -130,11 +135,11 @@ func NewPool(urls []string, o Options) (*Pool, error) {
 		}}
 		if m := o.Metrics; m != nil {
 			for i := 1; i <= 5; i++ {
-				up.codes[i] = m.Responses.With(up.Name, strconv.Itoa(i)+"xx")
+				up.codes[i] = m.Responses.WithLabelValues(up.Name, strconv.Itoa(i)+"xx")
 			}
-			up.timeouts = m.Responses.With(up.Name, "error_504")
-			up.refused = m.Responses.With(up.Name, "error_502")
-			up.latency = m.Latency.With(up.Name)
+			up.timeouts = m.Responses.WithLabelValues(up.Name, "error_504")
+			up.refused = m.Responses.WithLabelValues(up.Name, "error_502")
+			up.latency = m.Latency.WithLabelValues(up.Name)
 		}
 		p.ups = append(p.ups, up)
 	}
@@ -305,7 +310,7 @@ func (p *Pool) Do(ctx *fasthttp.RequestCtx) error {
 		up := p.pick(now)
 		err := up.hc.DoTimeout(req, resp, left)
 		if up.latency != nil {
-			up.latency.Since(now)
+			up.latency.Observe(time.Since(now).Seconds())
 		}
 		if err == nil {
 			if c := resp.StatusCode() / 100; c >= 1 && c <= 5 && up.codes[c] != nil {

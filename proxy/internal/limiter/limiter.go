@@ -1,16 +1,21 @@
 // Package limiter enforces the proxy's rules: exact sliding-window logs in
-// Redis (lua/ratelimit.lua, one atomic call for every window a request needs)
-// behind a local token cache so that most requests cost no Redis round trip:
+// Redis (lua/ratelimit.lua) behind a local token cache, so that most requests
+// cost no Redis round trip. docs/limiter.md states what "exact" means and why
+// this design keeps it; in short:
 //
-//   - leases: a call takes up to k slots of a window at once and the instance
-//     spends them locally for a short while (min(window/2, 1s)). k adapts: it
-//     doubles while leases run out and halves when they expire unspent, and
-//     the script caps it at free/(2*live instances), so it is 1 near the limit.
-//     Leased slots are real log entries, so a window never admits more than its
-//     limit plus the slots outstanding when older entries slide out (that
-//     bound is exported as seckill_proxy_lease_outstanding_slots);
-//   - a negative cache: a window found full is answered locally until the
-//     exact time the script says its next slot frees, not longer.
+//   - every admitted request (or leased slot) is a member of its window's log,
+//     scored at the latest moment it may be spent, so no slot slides out of a
+//     window before it is spent: in every interval of a window's length the
+//     requests admitted by all instances together are at most its limit;
+//   - requests of one window that find no local slot share one call: the
+//     first asks Redis for itself and for those waiting behind it;
+//   - a call may also lease spare slots (k adapts: it doubles while leases
+//     run out and halves after waste; the script caps it at free/(2*live));
+//     slots not spent in time are given back (removed from the log) in the
+//     next call for their key or by the sweeper;
+//   - a negative cache answers a window that Redis reported full until the
+//     moment its next slot frees, and only that window: a local slot is
+//     spent first, and another window's fullness never refuses a request.
 //
 // While Redis is slow or down (per-call timeout, circuit breaker) each rule
 // does what its on_redis_error says; see Mode.
@@ -21,51 +26,80 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/lua"
-	"github.com/seckill/seckill/proxy/internal/metrics"
 )
 
 // MaxLease caps the slots one call may take from one window.
 const MaxLease = 1024
 
-// liveness: an instance that has not called Redis for this long is not live.
-// Every instance heartbeats at a third of it.
+// liveness: an instance that has not heartbeaten for this long is not live.
+// Every instance heartbeats (and sweeps) at a third of it.
 const liveness = 3 * time.Second
 
 // Metrics of the limiter.
 type Metrics struct {
-	Decisions    *metrics.CounterVec // rule, outcome: admitted|limited|shadow|degraded
-	RedisCalls   *metrics.CounterVec // result: ok|error|breaker_open
-	RedisLatency *metrics.Histogram
-	CacheHits    *metrics.CounterVec // kind: lease|denied
-	LeaseSize    *metrics.Histogram
+	decisions *prometheus.CounterVec // rule, outcome: admitted|limited|shadow|degraded
+	windows   *prometheus.CounterVec // rule, window kind, outcome: admitted|refused
+	calls     *prometheus.CounterVec // result: ok|error|breaker_open
+	latency   prometheus.Histogram
+	leaseSize prometheus.Histogram
 
-	ok, fail, skipped   *metrics.Counter
-	leaseHit, deniedHit *metrics.Counter
+	ok, fail, skipped   prometheus.Counter
+	leaseHit, deniedHit prometheus.Counter
+	returned            prometheus.Counter
+	decided             atomic.Uint64 // decisions that needed the limiter (for calls per decision)
+	called              atomic.Uint64 // script calls
 }
 
-// NewMetrics registers the limiter's metrics.
-func NewMetrics(r *metrics.Registry) *Metrics {
-	m := &Metrics{
-		Decisions:    r.NewCounterVec("seckill_proxy_decisions_total", "Rate-limit decisions per rule.", "rule", "outcome"),
-		RedisCalls:   r.NewCounterVec("seckill_proxy_redis_calls_total", "Limiter calls to Redis by result.", "result"),
-		RedisLatency: r.NewHistogramVec("seckill_proxy_redis_call_seconds", "Latency of limiter calls to Redis.", metrics.LatencyBuckets).With(),
-		CacheHits:    r.NewCounterVec("seckill_proxy_local_cache_hits_total", "Requests decided without Redis: from a lease or the negative cache.", "kind"),
-		LeaseSize:    r.NewHistogramVec("seckill_proxy_lease_slots", "Slots granted per window per Redis call.", []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}).With(),
+// NewMetrics registers the limiter's metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := func(name, help string, labels ...string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+		reg.MustRegister(v)
+		return v
 	}
-	m.ok, m.fail, m.skipped = m.RedisCalls.With("ok"), m.RedisCalls.With("error"), m.RedisCalls.With("breaker_open")
-	m.leaseHit, m.deniedHit = m.CacheHits.With("lease"), m.CacheHits.With("denied")
+	m := &Metrics{
+		decisions: f("seckill_proxy_decisions_total", "Rate-limit decisions per rule.", "rule", "outcome"),
+		windows: f("seckill_proxy_window_decisions_total",
+			"Admitted requests per window, and refused ones counted on the full window that refused them.", "rule", "window", "outcome"),
+		calls: f("seckill_proxy_redis_calls_total", "Limiter script calls to Redis by result (one per hash tag a decision needs).", "result"),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "seckill_proxy_redis_call_seconds",
+			Help: "Latency of limiter round trips to Redis.", Buckets: metrics.LatencyBuckets}),
+		leaseSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "seckill_proxy_lease_slots",
+			Help: "Slots granted per window per Redis call.", Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}}),
+	}
+	hits := f("seckill_proxy_local_cache_hits_total", "Windows decided without Redis: from a leased slot or the negative cache.", "kind")
+	returned := prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_lease_returned_slots_total",
+		Help: "Leased slots not spent in time and given back to their window (the limiter's under-admission)."})
+	reg.MustRegister(m.latency, m.leaseSize, returned)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "seckill_proxy_redis_calls_per_decision",
+		Help: "Limiter script calls per decision since start."}, func() float64 {
+		if d := m.decided.Load(); d > 0 {
+			return float64(m.called.Load()) / float64(d)
+		}
+		return 0
+	}))
+	m.ok, m.fail, m.skipped = m.calls.WithLabelValues("ok"), m.calls.WithLabelValues("error"), m.calls.WithLabelValues("breaker_open")
+	m.leaseHit, m.deniedHit = hits.WithLabelValues("lease"), hits.WithLabelValues("denied")
+	m.returned = returned
 	return m
 }
 
-type counterRef struct{ c *metrics.Counter }
+// Calls is the number of script calls made so far (tests, benchmarks).
+func (m *Metrics) Calls() uint64 { return m.called.Load() }
+
+type counterRef struct{ c prometheus.Counter }
 
 func (c counterRef) inc() {
 	if c.c != nil {
@@ -75,18 +109,23 @@ func (c counterRef) inc() {
 
 // Config of a Limiter.
 type Config struct {
-	Redis     redis.Scripter
+	Redis     redis.Cmdable
 	KeyPrefix string        // [redis] key_prefix
-	Timeout   time.Duration // bound of one Redis call
+	Timeout   time.Duration // bound of one Redis round trip
 	Instance  string        // unique id of this proxy instance
 	Metrics   *Metrics
 	Log       *slog.Logger
+	// Trace, if set, is called for every window of every admitted request
+	// with the decision's Redis time in µs (for a leased slot: an upper
+	// bound of the moment it was spent). Tests check exactness with it.
+	Trace func(policy string, redisMicros int64)
 }
 
 // Limiter decides requests against compiled rules. Safe for concurrent use.
 type Limiter struct {
-	rdb       redis.Scripter
+	rdb       redis.Cmdable
 	timeout   time.Duration
+	rtt       atomic.Int64 // smoothed round-trip time to Redis, ns
 	id        string
 	instances string // key of the live-instance set
 	seq       atomic.Uint64
@@ -94,8 +133,10 @@ type Limiter struct {
 	br        breaker
 	m         *Metrics
 	log       *slog.Logger
+	trace     func(string, int64)
 
-	outstanding atomic.Int64 // leased slots not yet spent or found expired
+	outstanding atomic.Int64 // leased slots held locally, not yet spent or given back
+	batch       batcher
 
 	mu    sync.Mutex
 	rules *Rules // for the sweeper
@@ -106,8 +147,11 @@ func New(c Config) *Limiter {
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
-	l := &Limiter{rdb: c.Redis, timeout: c.Timeout, id: c.Instance, m: c.Metrics, log: c.Log,
-		instances: c.KeyPrefix + KeyTag + ":instances"}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	l := &Limiter{rdb: c.Redis, timeout: c.Timeout, id: c.Instance, m: c.Metrics, log: c.Log, trace: c.Trace,
+		instances: c.KeyPrefix + "{rl}:instances"}
 	l.live.Store(1)
 	l.br.init()
 	return l
@@ -123,20 +167,25 @@ func (l *Limiter) Outstanding() int64 { return l.outstanding.Load() }
 func (l *Limiter) Degraded() bool { return l.br.isOpen() }
 
 // SetRules tells the sweeper which rule set is current.
+// The slots leased under the rule set it replaces are given back.
 func (l *Limiter) SetRules(rs *Rules) {
 	l.mu.Lock()
+	old := l.rules
 	l.rules = rs
 	l.mu.Unlock()
+	if old != nil && old != rs {
+		l.giveBack(old, math.MaxInt64)
+	}
 }
 
-// Run heartbeats (which also learns the live-instance count) and sweeps idle
-// per-client state until ctx ends.
+// Run heartbeats (which also learns the live-instance count), gives back
+// expired leases and drops idle per-client state until ctx ends.
 func (l *Limiter) Run(ctx context.Context) {
 	t := time.NewTicker(liveness / 3)
 	defer t.Stop()
 	for {
 		l.heartbeat()
-		l.sweep(time.Now())
+		l.Sweep(time.Now())
 		select {
 		case <-ctx.Done():
 			return
@@ -146,18 +195,31 @@ func (l *Limiter) Run(ctx context.Context) {
 }
 
 func (l *Limiter) heartbeat() {
-	if _, err := l.call(nil, nil); err != nil && !errors.Is(err, errBreakerOpen) {
-		l.log.Debug("limiter heartbeat failed", "err", err)
+	if !l.br.allow(time.Now()) {
+		return
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	n, err := lua.Instances.Run(ctx, l.rdb, []string{l.instances}, l.id, liveness.Milliseconds()).Int64()
+	cancel()
+	if err != nil {
+		l.failed(err)
+		l.log.Debug("limiter heartbeat failed", "err", err)
+		return
+	}
+	l.succeeded()
+	l.live.Store(n)
 }
 
-func (l *Limiter) sweep(now time.Time) {
+// Sweep gives back the slots of leases that expired unspent (one call per
+// key holding some) and drops idle per-client state.
+func (l *Limiter) Sweep(now time.Time) {
 	l.mu.Lock()
 	rs := l.rules
 	l.mu.Unlock()
 	if rs == nil {
 		return
 	}
+	l.giveBack(rs, mono(now))
 	for _, r := range rs.list {
 		if r.clients == nil {
 			continue
@@ -168,9 +230,61 @@ func (l *Limiter) sweep(now time.Time) {
 				idle = w.Length
 			}
 		}
-		_, slots := r.clients.sweep(now, idle)
-		l.outstanding.Add(-int64(slots))
+		r.clients.sweep(now, idle)
 	}
+}
+
+// giveBack returns to Redis the slots of rs's leases that expired by m (mono
+// ns), one call per key holding some, pipelined.
+func (l *Limiter) giveBack(rs *Rules, m int64) {
+	var calls []call
+	collect := func(rs *Rules, w *Window, client string, st *state) {
+		st.mu.Lock()
+		st.expireAll(m, &l.outstanding)
+		if len(st.back) > 0 && st.refill == nil {
+			st.deniedUntil.Store(0) // stale once slots are given back
+			c := call{tag: w.Policy + "\x00" + client, keys: []string{rs.Key(w, []byte(client))}}
+			c.wins = []callWindow{{w: w, st: st, back: st.back}}
+			st.back = nil
+			calls = append(calls, c)
+		}
+		st.mu.Unlock()
+	}
+	for _, r := range rs.list {
+		for _, w := range r.Windows {
+			if w.Kind == Global {
+				collect(rs, w, "", r.global)
+			} else {
+				r.clients.each(func(client string, st *state) { collect(rs, w, client, st) })
+			}
+		}
+	}
+	for len(calls) > 0 {
+		// Bounded pipelines, so that each round trip fits the timeout.
+		n := min(len(calls), 256)
+		batch := calls[:n]
+		calls = calls[n:]
+		l.run(batch)
+		for i := range batch {
+			c := &batch[i]
+			if c.err != nil { // keep them for the next call or sweep (ZREM is idempotent)
+				cw := &c.wins[0]
+				cw.st.mu.Lock()
+				cw.st.back = append(cw.st.back, cw.back...)
+				cw.st.mu.Unlock()
+			} else {
+				l.m.returned.Add(float64(spanSlots(c.wins[0].back)))
+			}
+		}
+	}
+}
+
+func spanSlots(sp []span) int {
+	n := 0
+	for _, s := range sp {
+		n += s.to - s.from + 1
+	}
+	return n
 }
 
 // Policy is the state of one window for the RateLimit headers.
@@ -196,6 +310,20 @@ const (
 	Unavailable         // 503: a closed rule could not ask Redis
 )
 
+// Header is what a keyed window reads of a request: *fasthttp.RequestHeader
+// has both methods.
+type Header interface {
+	PeekBytes(name []byte) []byte
+	CookieBytes(name []byte) []byte
+}
+
+// Request is what the limiter needs of a request.
+type Request struct {
+	Method, Path []byte
+	Addr         []byte // the client address key (identity)
+	Header       Header // nil: keyed windows count by address
+}
+
 // Decision is the verdict on one request. Reuse one per request (Reset) to
 // avoid allocations.
 type Decision struct {
@@ -209,122 +337,173 @@ type Decision struct {
 
 	entries []entry
 	matched []*Rule
+	keys    []byte // client keys of the entries
 }
 
 // Reset clears d for reuse.
 func (d *Decision) Reset() {
 	*d = Decision{Violated: d.Violated[:0], Rules: d.Rules[:0], Policies: d.Policies[:0],
-		Shadow: d.Shadow[:0], entries: d.entries[:0], matched: d.matched[:0]}
+		Shadow: d.Shadow[:0], entries: d.entries[:0], matched: d.matched[:0], keys: d.keys[:0]}
 }
 
+// entry is one window of the request being decided.
 type entry struct {
-	r     *Rule
-	w     *Window
-	st    *state
-	took  bool
-	epoch uint64
-	want  int
-	// figures for the RateLimit headers, as of evaluate's last look at st
+	r   *Rule
+	w   *Window
+	st  *state
+	key []byte // client key (per-client windows)
+
+	own      *refill // the refill this request owns for the window
+	waited   *refill // the last refill it waited for (and was counted in)
+	took     bool    // holds a slot (local, or granted by this request's call)
+	sl       slot    // the local slot, when took from a lease
+	granted  bool    // the slot came from this request's call (slot 1 of that call)
+	violated bool    // this window is full and refused the request
+
+	// figures for the RateLimit headers, as of the last look at st
 	rem     int
 	resetAt time.Time
 }
 
 // snap records st's figures for the RateLimit headers (st.mu held).
-func (e *entry) snap() { e.rem, e.resetAt = e.st.remaining+e.st.slots, e.st.resetAt }
+func (e *entry) snap() { e.rem, e.resetAt = e.st.remaining+slotsOf(e.st), e.st.resetAt }
 
-// Check decides a request of the given method and path from the client key,
-// filling d. It never blocks longer than about the Redis timeout.
-func (l *Limiter) Check(rs *Rules, method, path, client []byte, d *Decision) {
-	l.CheckAt(rs, method, path, client, time.Now(), d)
+func slotsOf(st *state) int {
+	n := 0
+	for _, b := range st.batches {
+		n += b.to - b.from + 1
+	}
+	return n
 }
 
-// CheckAt is Check with the current time supplied by the caller (a time.Now
-// taken at most moments ago, e.g. fasthttp's RequestCtx.Time).
-func (l *Limiter) CheckAt(rs *Rules, method, path, client []byte, now time.Time, d *Decision) {
-	d.matched = rs.Match(d.matched[:0], method, path)
+// Check decides a request, filling d. It never blocks longer than about
+// twice the Redis timeout.
+func (l *Limiter) Check(rs *Rules, req Request, d *Decision) {
+	d.matched = rs.Match(d.matched[:0], req.Method, req.Path)
 	if len(d.matched) == 0 {
 		return
 	}
 	// Enforced rules first; shadow rules only see requests the others admit.
-	for pass := 0; pass < 2; pass++ {
-		shadow := pass == 1
-		d.entries = d.entries[:0]
-		for _, r := range d.matched {
-			if r.Shadow != shadow {
-				continue
-			}
-			for _, w := range r.Windows {
-				st := r.global
-				if w.Kind == PerIP {
-					st = r.clients.get(client, now)
-				}
-				d.entries = append(d.entries, entry{r: r, w: w, st: st})
-			}
-		}
-		if len(d.entries) == 0 {
+	if l.pass(rs, req, d, false) {
+		l.pass(rs, req, d, true)
+	}
+}
+
+// pass decides the enforced (or the shadow) rules of d.matched; it reports
+// whether the request is still admitted.
+func (l *Limiter) pass(rs *Rules, req Request, d *Decision, shadow bool) bool {
+	now := time.Now()
+	if !l.collect(req, d, shadow, now) {
+		return true
+	}
+	l.m.decided.Add(1)
+	allowed, retry, err := l.evaluate(rs, d.entries)
+	now = time.Now()
+	if err != nil {
+		allowed, retry = l.fallback(d, now, shadow)
+	} else if !shadow {
+		l.policies(d, now)
+	}
+	if shadow {
+		l.recordShadow(d, allowed)
+		return true
+	}
+	if !allowed {
+		l.recordLimited(d, retry)
+		return false
+	}
+	l.recordAdmitted(d)
+	return true
+}
+
+// collect fills d.entries with the windows of the matched rules of this
+// pass; false when there are none.
+func (l *Limiter) collect(req Request, d *Decision, shadow bool, now time.Time) bool {
+	d.entries = d.entries[:0]
+	for _, r := range d.matched {
+		if r.Shadow != shadow {
 			continue
 		}
-		allowed, retry, err := l.evaluate(d.entries, client, now)
-		if err != nil {
-			allowed, retry = l.fallback(d, now, shadow)
-		} else if !shadow {
-			for i := range d.entries {
-				e := &d.entries[i]
-				p := Policy{Name: e.w.Policy, Quota: e.w.Limit, Window: e.w.Length,
-					Remaining: max(0, e.rem), Reset: max(0, e.resetAt.Sub(now)), Item: e.w.item, Prefix: e.w.prefix}
-				if p.Reset == 0 {
-					p.Reset = e.w.Length
-				}
-				d.Policies = append(d.Policies, p)
+		for _, w := range r.Windows {
+			e := entry{r: r, w: w, st: r.global}
+			if w.Kind == PerIP {
+				start := len(d.keys)
+				d.keys = appendClientKey(d.keys, w, req)
+				e.key = d.keys[start:len(d.keys):len(d.keys)]
+				e.st = r.clients.get(e.key, now)
+			}
+			d.entries = append(d.entries, e)
+		}
+	}
+	return len(d.entries) > 0
+}
+
+// policies fills d.Policies from the enforced entries.
+func (l *Limiter) policies(d *Decision, now time.Time) {
+	for i := range d.entries {
+		e := &d.entries[i]
+		p := Policy{Name: e.w.Policy, Quota: e.w.Limit, Window: e.w.Length,
+			Remaining: max(0, e.rem), Reset: max(0, e.resetAt.Sub(now)), Item: e.w.item, Prefix: e.w.prefix}
+		if p.Reset == 0 {
+			p.Reset = e.w.Length
+		}
+		d.Policies = append(d.Policies, p)
+	}
+}
+
+func (l *Limiter) recordShadow(d *Decision, allowed bool) {
+	if !allowed {
+		for i := range d.entries {
+			e := &d.entries[i]
+			if e.violated && !contains(d.Shadow, e.w.Policy) {
+				d.Shadow = append(d.Shadow, e.w.Policy)
+				e.r.shadowed.inc()
 			}
 		}
-		if shadow {
-			for i := range d.entries {
-				e := &d.entries[i]
-				if !allowed && e.violated() && !contains(d.Shadow, e.w.Policy) {
-					d.Shadow = append(d.Shadow, e.w.Policy)
-					e.r.shadowed.inc()
-				}
-			}
-			if allowed {
-				for _, r := range d.matched {
-					if r.Shadow {
-						r.admitted.inc()
-					}
-				}
-			}
+		return
+	}
+	for _, r := range d.matched {
+		if r.Shadow {
+			r.admitted.inc()
+		}
+	}
+}
+
+func (l *Limiter) recordLimited(d *Decision, retry time.Duration) {
+	if d.Outcome == Admit {
+		d.Outcome = Limited
+	}
+	d.RetryAfter = retry
+	for i := range d.entries {
+		e := &d.entries[i]
+		if !e.violated {
 			continue
 		}
-		if !allowed {
-			if d.Outcome == Admit {
-				d.Outcome = Limited
-			}
-			d.RetryAfter = retry
-			for i := range d.entries {
-				e := &d.entries[i]
-				if e.violated() {
-					if !contains(d.Violated, e.w.Policy) {
-						d.Violated = append(d.Violated, e.w.Policy)
-					}
-					if !contains(d.Rules, e.r.Name) {
-						d.Rules = append(d.Rules, e.r.Name)
-						e.r.limited.inc()
-					}
-				}
-			}
-			for i := range d.Policies {
-				if contains(d.Violated, d.Policies[i].Name) {
-					d.Policies[i].Remaining = 0
-					d.Policies[i].Reset = retry
-				}
-			}
-			return
+		e.w.refused.inc()
+		if !contains(d.Violated, e.w.Policy) {
+			d.Violated = append(d.Violated, e.w.Policy)
 		}
-		for _, r := range d.matched {
-			if !r.Shadow {
-				r.admitted.inc()
-			}
+		if !contains(d.Rules, e.r.Name) {
+			d.Rules = append(d.Rules, e.r.Name)
+			e.r.limited.inc()
 		}
+	}
+	for i := range d.Policies {
+		if contains(d.Violated, d.Policies[i].Name) {
+			d.Policies[i].Remaining = 0
+			d.Policies[i].Reset = retry
+		}
+	}
+}
+
+func (l *Limiter) recordAdmitted(d *Decision) {
+	for _, r := range d.matched {
+		if !r.Shadow {
+			r.admitted.inc()
+		}
+	}
+	for i := range d.entries {
+		d.entries[i].w.admitted.inc()
 	}
 }
 
@@ -337,275 +516,578 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// violated: the window refused this request (set by evaluate/fallback).
-func (e *entry) violated() bool { return e.want < 0 }
-
-// evaluate decides the entries against their windows: negative cache, leases,
-// then one Redis call for the windows without a local slot. On a Redis error
-// nothing is decided (slots taken locally are given back).
-func (l *Limiter) evaluate(es []entry, client []byte, now time.Time) (bool, time.Duration, error) {
-	// Negative cache: a full window until its exact retry time.
-	var retry time.Duration
-	mnow := mono(now)
+// evaluate decides the entries: local slots first, then the negative cache,
+// then a refill shared with concurrent requests. A refusal names only full
+// windows. On a Redis error nothing is decided (slots are given back).
+func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 	for i := range es {
-		e := &es[i]
-		e.want, e.took = 0, false
-		if until := e.st.deniedUntil.Load(); mnow < until {
-			e.want = -1
-			retry = max(retry, time.Duration(until-mnow))
-		}
+		es[i].took, es[i].granted, es[i].violated, es[i].own, es[i].waited = false, false, false, nil, nil
 	}
-	if retry > 0 {
-		for i := range es {
-			e := &es[i]
-			e.st.mu.Lock()
-			e.snap()
-			e.st.mu.Unlock()
-		}
-		l.hit(l.m, false)
-		return false, retry, nil
-	}
-	for attempt := 0; ; attempt++ {
-		missing := 0
-		var wait chan struct{}
-		for i := range es {
-			e := &es[i]
-			if e.took {
-				continue
-			}
-			e.st.mu.Lock()
-			if e.st.slots > 0 && now.Before(e.st.leaseUntil) {
-				e.st.slots--
-				e.took, e.epoch = true, e.st.epoch
-				l.outstanding.Add(-1)
-			} else {
-				l.expire(e.st)
-				missing++
-				if e.st.inflight != nil {
-					wait = e.st.inflight
-				}
-			}
-			e.snap()
-			e.st.mu.Unlock()
-		}
+	deadline := mono(time.Now()) + int64(l.timeout)
+	for {
+		m := mono(time.Now())
+		missing, retry := l.takeLocal(es, m)
 		if missing == 0 {
-			l.hit(l.m, true)
+			l.m.leaseHit.Inc()
+			l.traceAdmit(es)
 			return true, 0, nil
 		}
-		if wait == nil || attempt > 0 {
+		if retry > 0 {
+			l.m.deniedHit.Inc()
+			l.releaseClaims(es)
+			l.putBack(es, m)
+			return false, retry, nil
+		}
+		done := l.claim(es, m < deadline)
+		if done == nil {
 			break
 		}
-		// Another request is refilling a window we need: wait for it rather
-		// than stampede Redis, at most one Redis timeout.
-		t := time.NewTimer(l.timeout)
+		// Another request's call will ask for this one too: wait for it.
+		t := time.NewTimer(time.Duration(deadline - m))
 		select {
-		case <-wait:
+		case <-done:
 		case <-t.C:
 		}
 		t.Stop()
-		now = time.Now()
 	}
+	return l.refillAndDecide(rs, es)
+}
 
-	// One Redis call for every window without a local slot.
-	var own []chan struct{}
-	ws := make([]*entry, 0, len(es))
-	keys := make([]string, 0, len(es))
+// takeLocal takes a leased slot for every entry that has none yet; it
+// returns how many still lack one and, when some of those are full per the
+// negative cache, the time until the last of them frees.
+func (l *Limiter) takeLocal(es []entry, m int64) (missing int, retry time.Duration) {
 	for i := range es {
 		e := &es[i]
 		if e.took {
 			continue
 		}
 		e.st.mu.Lock()
-		e.want = e.st.want
-		if e.st.inflight == nil {
-			ch := make(chan struct{})
-			e.st.inflight = ch
-			own = append(own, ch)
-		}
-		e.st.mu.Unlock()
-		ws = append(ws, e)
-		k := e.w.key
-		if e.w.Kind == PerIP {
-			k += string(client)
-		}
-		keys = append(keys, k)
-	}
-	res, err := l.call(ws, keys)
-	now = time.Now()
-	allowed := err == nil && res.allowed
-	for i, e := range ws {
-		e.st.mu.Lock()
-		if err == nil {
-			g := res.windows[i]
-			e.st.remaining = g.remaining
-			if g.reset > 0 {
-				e.st.resetAt = now.Add(g.reset)
-			} else if allowed {
-				e.st.resetAt = now.Add(e.w.Length)
-			}
-			switch {
-			case allowed:
-				l.m.lease(g.granted)
-				e.st.newLease(g.granted-1, now.Add(e.w.lease))
-				l.outstanding.Add(int64(g.granted - 1))
-			case g.granted == 0:
-				e.want = -1
-				e.st.deniedUntil.Store(mono(now) + int64(g.reset))
-				retry = max(retry, g.reset)
-			default:
-				e.want = 0
-			}
-		}
-		if len(own) > 0 && e.st.inflight != nil {
-			for _, ch := range own {
-				if e.st.inflight == ch {
-					close(ch)
-					e.st.inflight = nil
-					break
-				}
+		if sl, ok := e.st.take(m, &l.outstanding); ok {
+			e.took, e.sl = true, sl
+		} else {
+			missing++
+			// Slots waiting to be given back make the negative answer
+			// stale: the call that gives them back decides.
+			if until := e.st.deniedUntil.Load(); m < until && len(e.st.back) == 0 {
+				e.violated = true
+				retry = max(retry, time.Duration(until-m))
 			}
 		}
 		e.snap()
 		e.st.mu.Unlock()
 	}
-	if !allowed {
-		// Give back the slots taken locally for windows that did not refuse.
-		for i := range es {
-			e := &es[i]
-			if e.took {
-				e.st.mu.Lock()
-				if e.st.epoch == e.epoch && now.Before(e.st.leaseUntil) {
-					e.st.slots++
-					l.outstanding.Add(1)
-				}
-				e.snap()
-				e.st.mu.Unlock()
-				e.took = false
+	return missing, retry
+}
+
+// putBack returns the slots taken locally for a request that is refused.
+func (l *Limiter) putBack(es []entry, m int64) {
+	for i := range es {
+		e := &es[i]
+		if !e.took {
+			continue
+		}
+		e.st.mu.Lock()
+		if e.granted {
+			// Slot 1 of a call is scored at the call's time: it cannot be
+			// kept for later, so it leaves the log.
+			e.st.giveBack(span{e.sl.seq, e.sl.idx, 1, 1}, nil)
+		} else {
+			e.st.putBack(e.sl, m, &l.outstanding)
+		}
+		e.snap()
+		e.st.mu.Unlock()
+		e.took, e.granted = false, false
+	}
+}
+
+// claim makes this request the refill owner of every window still lacking
+// a slot. When one of them already has a call in flight (and wait is set),
+// it registers as a waiter of that call instead, gives up its claims and
+// returns the call's done channel; after the deadline it claims what is free
+// and calls for the rest without waiting.
+func (l *Limiter) claim(es []entry, wait bool) chan struct{} {
+	for i := range es {
+		e := &es[i]
+		if e.took || e.own != nil {
+			continue
+		}
+		e.st.mu.Lock()
+		rf := e.st.refill
+		switch {
+		case rf == nil:
+			e.own = &refill{done: make(chan struct{})}
+			e.st.refill = e.own
+		case rf.unowned:
+			// Made by the last call for the requests that came too late for
+			// it (this one may be among them, counted already).
+			rf.unowned = false
+			if rf.prev != nil && rf.prev == e.waited {
+				rf.waiters--
+			}
+			e.own, rf = rf, nil
+		case wait:
+			if rf.prev == nil || rf.prev != e.waited {
+				rf.waiters++
+			}
+			e.waited = rf
+		}
+		e.st.mu.Unlock()
+		if rf != nil && wait {
+			l.releaseClaims(es)
+			return rf.done
+		}
+	}
+	return nil
+}
+
+// releaseClaims gives up the refills this request owns but will not make
+// (their waiters wake and try again).
+func (l *Limiter) releaseClaims(es []entry) {
+	for i := range es {
+		e := &es[i]
+		if e.own == nil {
+			continue
+		}
+		e.st.mu.Lock()
+		if e.st.refill == e.own {
+			e.st.refill = nil
+		}
+		e.st.mu.Unlock()
+		close(e.own.done)
+		e.own = nil
+	}
+}
+
+// callWindow is one window of one script call.
+type callWindow struct {
+	w     *Window
+	st    *state
+	e     *entry // nil for a give-back only
+	need  int
+	extra int
+	back  []span
+	own   *refill
+	res   windowResult
+}
+
+// shortTime is the spending time of slots asked for waiting requests: they
+// are woken when the reply is in, which is a round trip after the call was
+// sent (their deadline counts from then). A few smoothed round trips, at
+// least 50ms; kept short because such a slot counts in its window that much
+// longer than a slot spent at once.
+func (l *Limiter) shortTime() time.Duration {
+	return max(50*time.Millisecond, 4*time.Duration(l.rtt.Load())).Round(time.Millisecond)
+}
+
+// call is one script invocation: windows of one hash tag.
+type call struct {
+	short time.Duration // see shortTime
+	tag   string
+	keys  []string
+	wins  []callWindow
+	seq   uint64
+	sent  int64 // mono ns
+	res   callResult
+	err   error
+}
+
+type windowResult struct {
+	granted, remaining int
+	full               bool
+	reset              time.Duration
+}
+
+type callResult struct {
+	allowed  bool
+	now      int64 // Redis µs
+	admitted int   // slots 1..admitted of each window: this request and its waiters
+}
+
+// refillAndDecide asks Redis for every window still lacking a slot (one call
+// per hash tag, pipelined), keeps the slots asked for waiters and leases,
+// arms the negative cache of windows left full, and decides.
+func (l *Limiter) refillAndDecide(rs *Rules, es []entry) (bool, time.Duration, error) {
+	calls := l.prepare(rs, es)
+	l.run(calls)
+	m := mono(time.Now())
+	var err error
+	for i := range calls {
+		c := &calls[i]
+		if c.err != nil && err == nil {
+			err = c.err
+		}
+		for j := range c.wins {
+			l.apply(c, &c.wins[j], m)
+		}
+	}
+	allowed := err == nil
+	var retry time.Duration
+	for i := range es {
+		e := &es[i]
+		if !e.took {
+			allowed = false
+			if e.violated {
+				retry = max(retry, time.Duration(e.st.deniedUntil.Load()-m))
 			}
 		}
 	}
+	if allowed {
+		l.traceAdmit(es)
+		return true, 0, nil
+	}
+	l.putBack(es, m)
 	if err != nil {
 		return false, 0, err
 	}
-	if !allowed && retry <= 0 {
-		retry = time.Millisecond
-	}
-	return allowed, retry, nil
+	return false, max(retry, time.Millisecond), nil
 }
 
-func (l *Limiter) hit(m *Metrics, lease bool) {
-	if m == nil {
+// prepare groups the entries lacking a slot into calls by hash tag (the
+// request's refill claims go with them).
+func (l *Limiter) prepare(rs *Rules, es []entry) []call {
+	var calls []call
+	for i := range es {
+		e := &es[i]
+		if e.took {
+			continue
+		}
+		tag := e.w.Policy
+		if e.w.Kind == PerIP {
+			tag = string(e.key)
+		}
+		ci := -1
+		for k := range calls {
+			if calls[k].tag == tag {
+				ci = k
+				break
+			}
+		}
+		if ci < 0 {
+			calls = append(calls, call{tag: tag})
+			ci = len(calls) - 1
+		}
+		cw := callWindow{w: e.w, st: e.st, e: e, need: 1, own: e.own}
+		e.own = nil
+		e.st.mu.Lock()
+		cw.back, e.st.back = e.st.back, nil
+		if len(cw.back) > 0 {
+			// Slots are being given back: a negative answer is stale.
+			e.st.deniedUntil.Store(0)
+		}
+		switch {
+		case e.st.wasted:
+			e.st.want = max(1, e.st.want/2)
+		case e.st.want < MaxLease:
+			e.st.want = min(MaxLease, e.st.want*2)
+		}
+		e.st.wasted = false
+		cw.extra = min(e.st.want-1, e.w.Limit-1)
+		e.st.mu.Unlock()
+		calls[ci].keys = append(calls[ci].keys, rs.Key(e.w, e.key))
+		calls[ci].wins = append(calls[ci].wins, cw)
+	}
+	return calls
+}
+
+// run makes the calls through the batcher and returns when they are done.
+func (l *Limiter) run(calls []call) {
+	j := &job{calls: calls, done: make(chan struct{})}
+	b := &l.batch
+	b.mu.Lock()
+	b.pending = append(b.pending, j)
+	flush := b.flushers < maxFlushers
+	if flush {
+		b.flushers++
+	}
+	b.mu.Unlock()
+	if flush {
+		l.flush()
+	}
+	<-j.done
+}
+
+// maxFlushers: round trips in flight at once; maxBatch: calls per round trip.
+const (
+	maxFlushers = 4
+	maxBatch    = 256
+)
+
+// batcher pipelines the calls of concurrent requests: a request that finds
+// fewer than maxFlushers round trips in flight sends everything queued (its
+// own calls and others') in one pipeline, until the queue is empty. So a
+// crowd of new clients costs a round trip per batch, not per client, and
+// never waits on a free connection of the pool.
+type batcher struct {
+	mu       sync.Mutex
+	pending  []*job
+	flushers int
+}
+
+type job struct {
+	calls []call
+	done  chan struct{}
+}
+
+func (l *Limiter) flush() {
+	b := &l.batch
+	var jobs []*job
+	var cs []*call
+	for {
+		jobs, cs = jobs[:0], cs[:0]
+		b.mu.Lock()
+		for len(b.pending) > 0 && (len(cs) == 0 || len(cs)+len(b.pending[0].calls) <= maxBatch) {
+			j := b.pending[0]
+			b.pending = b.pending[1:]
+			jobs = append(jobs, j)
+			for i := range j.calls {
+				cs = append(cs, &j.calls[i])
+			}
+		}
+		if len(jobs) == 0 {
+			b.flushers--
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		l.send(cs)
+		for _, j := range jobs {
+			close(j.done)
+		}
+	}
+}
+
+// send makes the calls, pipelined in one round trip when there are several.
+// Each call's waiters are counted in just before it is sent.
+func (l *Limiter) send(calls []*call) {
+	start := time.Now()
+	if !l.br.allow(start) {
+		l.m.skipped.Add(float64(len(calls)))
+		for i := range calls {
+			calls[i].err = errBreakerOpen
+		}
 		return
 	}
-	if lease {
-		m.leaseHit.Inc()
+	live := l.Live()
+	argv := make([][]any, len(calls))
+	short := l.shortTime()
+	for i := range calls {
+		c := calls[i]
+		c.seq = l.seq.Add(1)
+		c.short = short
+		args := make([]any, 0, 3+7*len(c.wins))
+		args = append(args, l.id, c.seq, live)
+		for j := range c.wins {
+			cw := &c.wins[j]
+			if cw.own != nil {
+				cw.st.mu.Lock()
+				cw.need += cw.own.waiters
+				cw.own.waiters = 0
+				cw.st.mu.Unlock()
+			}
+			if cw.e == nil {
+				cw.need, cw.extra = 0, 0
+			}
+			args = append(args, cw.w.Limit, max(1, cw.w.Length.Milliseconds()), cw.need, max(0, cw.extra),
+				c.short.Milliseconds(), cw.w.Lease.Milliseconds(), formatSpans(cw.back))
+		}
+		argv[i] = args
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	defer cancel()
+	sent := mono(start)
+	cmds := make([]*redis.Cmd, len(calls))
+	if len(calls) == 1 {
+		cmds[0] = lua.RateLimit.Run(ctx, l.rdb, calls[0].keys, argv[0]...)
 	} else {
-		m.deniedHit.Inc()
+		pipe := l.rdb.Pipeline()
+		for i := range calls {
+			cmds[i] = lua.RateLimit.EvalSha(ctx, pipe, calls[i].keys, argv[i]...)
+		}
+		_, _ = pipe.Exec(ctx)
+		for i := range calls {
+			// A flushed script cache: these calls did nothing, run them again.
+			if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				cmds[i] = lua.RateLimit.Run(ctx, l.rdb, calls[i].keys, argv[i]...)
+			}
+		}
+	}
+	took := time.Since(start)
+	l.m.latency.Observe(took.Seconds())
+	if old := l.rtt.Load(); old == 0 {
+		l.rtt.Store(int64(took))
+	} else {
+		l.rtt.Store(old + (int64(took)-old)/8)
+	}
+	failed := false
+	for i := range calls {
+		c := calls[i]
+		c.sent = sent
+		l.m.called.Add(1)
+		vals, err := cmds[i].Int64Slice()
+		if err == nil && len(vals) != 3+4*len(c.wins) {
+			err = fmt.Errorf("%d values for %d windows", len(vals), len(c.wins))
+		}
+		if err != nil {
+			c.err = fmt.Errorf("ratelimit call: %w", err)
+			l.m.fail.Inc()
+			failed = true
+			continue
+		}
+		l.m.ok.Inc()
+		c.res = callResult{allowed: vals[0] == 1, now: vals[1], admitted: int(vals[2])}
+		for j := range c.wins {
+			b := 3 + 4*j
+			c.wins[j].res = windowResult{granted: int(vals[b]), full: vals[b+1] == 1, remaining: int(vals[b+2]),
+				reset: time.Duration(vals[b+3]) * time.Millisecond}
+		}
+	}
+	if failed {
+		l.failed(calls[0].err)
+	} else {
+		l.succeeded()
 	}
 }
 
-func (m *Metrics) lease(n int) {
-	if m != nil {
-		m.LeaseSize.Observe(float64(n))
+func (l *Limiter) failed(err error) {
+	if l.br.failure(time.Now()) {
+		l.log.Warn("redis limiter degraded: circuit open, rules fall back to on_redis_error", "err", err)
 	}
 }
 
-// expire drops a lease whose time is up (st.mu held).
-func (l *Limiter) expire(st *state) {
-	if st.slots > 0 {
-		l.outstanding.Add(-int64(st.slots))
-		st.slots = 0
-		st.wasted = true
+func (l *Limiter) succeeded() {
+	if l.br.success() {
+		l.log.Info("redis limiter recovered: circuit closed")
+	}
+}
+
+// formatSpans renders give-back ranges as the script reads them.
+func formatSpans(sp []span) string {
+	if len(sp) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for i, s := range sp {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(strconv.FormatUint(s.seq, 10))
+		b.WriteByte(':')
+		b.WriteString(strconv.Itoa(s.idx))
+		b.WriteByte(':')
+		b.WriteString(strconv.Itoa(s.from))
+		b.WriteByte(':')
+		b.WriteString(strconv.Itoa(s.to))
+	}
+	return b.String()
+}
+
+// apply stores one window's answer: the request's own slot, the slots for
+// waiters and the lease, the figures for the headers, the negative cache;
+// then wakes the waiters. m is the local time after the reply.
+func (l *Limiter) apply(c *call, cw *callWindow, m int64) {
+	st := cw.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if c.err != nil {
+		// Nothing was decided: what was to be given back stays queued, and
+		// so do the slots this call may have taken if only its reply was
+		// lost (ZREM of members that do not exist is harmless).
+		st.back = append(cw.back, st.back...)
+		if !errors.Is(c.err, errBreakerOpen) && cw.need+cw.extra > 0 {
+			st.back = append(st.back, span{c.seq, 1 + indexOf(c.wins, cw), 1, cw.need + cw.extra})
+		}
+	} else {
+		l.m.returned.Add(float64(spanSlots(cw.back)))
+		g := cw.res
+		st.remaining = g.remaining
+		st.resetAt = time.Now().Add(g.reset)
+		if g.reset == 0 {
+			st.resetAt = time.Now().Add(cw.w.Length)
+		}
+		if g.remaining == 0 && g.reset > 0 {
+			// Full as of the call: refused locally until the next slot frees,
+			// measured from before the call was sent (never later than Redis).
+			st.deniedUntil.Store(c.sent + int64(g.reset))
+		}
+		if e := cw.e; e != nil {
+			idx := 1 + indexOf(c.wins, cw)
+			if g.granted > 0 {
+				l.m.leaseSize.Observe(float64(g.granted))
+				e.took, e.granted = true, true
+				e.sl = slot{seq: c.seq, idx: idx, j: 1, stamp: c.res.now}
+				gn := min(c.res.admitted, g.granted)
+				if gn >= 2 {
+					st.addBatch(batch{seq: c.seq, idx: idx, from: 2, to: gn, until: c.sent + int64(c.short), t0: c.res.now, sent: c.sent})
+				}
+				if g.granted > gn {
+					st.addBatch(batch{seq: c.seq, idx: idx, from: gn + 1, to: g.granted, until: c.sent + int64(cw.w.Lease), t0: c.res.now, sent: c.sent})
+				}
+				l.outstanding.Add(int64(g.granted - 1))
+			} else if g.full {
+				e.violated = true
+			}
+		}
+	}
+	if cw.e != nil {
+		cw.e.snap()
+	}
+	if cw.own != nil && st.refill == cw.own {
+		st.refill = nil
+		// Requests that began waiting after the call was sent were not asked
+		// for: the next call (made by the first of them to look, or by any
+		// newcomer) asks for all of them at once, unless the window is full.
+		if late := cw.own.waiters; late > 0 && c.err == nil && cw.res.remaining > 0 {
+			st.refill = &refill{done: make(chan struct{}), waiters: late, prev: cw.own, unowned: true}
+		}
+		close(cw.own.done)
+	}
+}
+
+func indexOf(ws []callWindow, cw *callWindow) int {
+	for i := range ws {
+		if &ws[i] == cw {
+			return i
+		}
+	}
+	return -1
+}
+
+// traceAdmit reports the admitted request's windows to Config.Trace.
+func (l *Limiter) traceAdmit(es []entry) {
+	if l.trace == nil {
+		return
+	}
+	for i := range es {
+		l.trace(es[i].w.Policy, es[i].sl.stamp)
 	}
 }
 
 var errBreakerOpen = errors.New("redis circuit breaker open")
 
-type windowResult struct {
-	granted, remaining int
-	reset              time.Duration
-}
-
-type callResult struct {
-	live    int
-	allowed bool
-	windows []windowResult
-}
-
-// call runs the script for the given windows (none: a pure heartbeat).
-func (l *Limiter) call(ws []*entry, keys []string) (callResult, error) {
-	now := time.Now()
-	if !l.br.allow(now) {
-		if l.m != nil {
-			l.m.skipped.Inc()
-		}
-		return callResult{}, errBreakerOpen
-	}
-	allKeys := make([]string, 0, len(keys)+1)
-	allKeys = append(allKeys, l.instances)
-	allKeys = append(allKeys, keys...)
-	args := make([]any, 0, 3+3*len(ws))
-	args = append(args, l.id, l.seq.Add(1), liveness.Milliseconds())
-	for _, e := range ws {
-		args = append(args, e.w.Limit, max(1, e.w.Length.Milliseconds()), max(1, min(e.want, MaxLease, e.w.Limit)))
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
-	vals, err := lua.RateLimit.Run(ctx, l.rdb, allKeys, args...).Int64Slice()
-	cancel()
-	if l.m != nil {
-		l.m.RedisLatency.Since(now)
-	}
-	if err == nil && len(vals) != 2+3*len(ws) {
-		err = fmt.Errorf("ratelimit: %d values for %d windows", len(vals), len(ws))
-	}
-	if err != nil {
-		if l.m != nil {
-			l.m.fail.Inc()
-		}
-		if l.br.failure(time.Now()) {
-			l.log.Warn("redis limiter degraded: circuit open, rules fall back to on_redis_error", "err", err)
-		}
-		return callResult{}, fmt.Errorf("ratelimit call: %w", err)
-	}
-	if l.m != nil {
-		l.m.ok.Inc()
-	}
-	if l.br.success() {
-		l.log.Info("redis limiter recovered: circuit closed")
-	}
-	res := callResult{live: int(vals[0]), allowed: vals[1] == 1, windows: make([]windowResult, len(ws))}
-	l.live.Store(vals[0])
-	for i := range ws {
-		b := 2 + 3*i
-		res.windows[i] = windowResult{granted: int(vals[b]), remaining: int(vals[b+1]),
-			reset: time.Duration(vals[b+2]) * time.Millisecond}
-	}
-	return res, nil
-}
-
 // fallback decides d.entries without Redis, rule by rule, as on_redis_error
-// says. Slots still leased locally are real and are spent first.
+// says. Slots still leased locally are real and were spent first.
 func (l *Limiter) fallback(d *Decision, now time.Time, shadow bool) (bool, time.Duration) {
 	live := l.Live()
 	allowed := true
 	var retry time.Duration
 	for i := range d.entries {
 		e := &d.entries[i]
-		e.want = 0
+		e.violated = false
 		switch e.r.Mode {
 		case ModeOpen:
 		case ModeClosed:
 			if !shadow {
 				d.Outcome = Unavailable
 			}
-			e.want = -1
+			e.violated = true
 			allowed = false
 			retry = max(retry, time.Second)
 		case ModeLocal:
 			lim := max(1, e.w.Limit/live)
 			ok, wait := e.st.local(now, e.w.Length, lim)
 			if !ok {
-				e.want = -1
+				e.violated = true
 				allowed = false
 				retry = max(retry, wait)
 			}

@@ -1,12 +1,15 @@
 package limiter
 
 import (
+	"context"
+	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 	"time"
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/servicetest"
-	"github.com/seckill/seckill/proxy/internal/metrics"
 )
 
 func TestMatch(t *testing.T) {
@@ -32,24 +35,230 @@ func TestMatch(t *testing.T) {
 // that never trigger): no Redis round trip for most requests.
 func BenchmarkCheckLeased(b *testing.B) {
 	rdb, prefix := servicetest.Redis(b)
-	var reg metrics.Registry
-	m := NewMetrics(&reg)
+	m := NewMetrics(prometheus.NewRegistry())
 	rs, err := Compile([]conf.Rule{{Name: "b", PathPrefix: "/",
 		PerIP:  &conf.Window{Limit: 10_000_000, Window: conf.D(time.Second)},
 		Global: &conf.Window{Limit: 10_000_000, Window: conf.D(time.Second)}}}, prefix, m)
 	servicetest.Must(b, err, "compile")
 	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 50 * time.Millisecond, Instance: "bench", Metrics: m})
-	method, path, client := []byte("GET"), []byte("/x"), []byte("127.0.0.1")
+	req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte("127.0.0.1")}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		var d Decision
 		for pb.Next() {
 			d.Reset()
-			l.Check(rs, method, path, client, &d)
+			l.Check(rs, req, &d)
 			if d.Outcome != Admit {
 				b.Fatal("limited")
 			}
 		}
 	})
-	b.ReportMetric(float64(m.ok.Value())/float64(b.N), "redis-calls/op")
+	b.ReportMetric(float64(m.Calls())/float64(b.N), "redis-calls/op")
+}
+
+// fakeHeader serves one header and one cookie.
+type fakeHeader struct{ name, value, cookie, cvalue []byte }
+
+func (h *fakeHeader) PeekBytes(n []byte) []byte {
+	if string(n) == string(h.name) {
+		return h.value
+	}
+	return nil
+}
+
+func (h *fakeHeader) CookieBytes(n []byte) []byte {
+	if string(n) == string(h.cookie) {
+		return h.cvalue
+	}
+	return nil
+}
+
+// The hot path allocates nothing: a decision from a warm lease (address,
+// header and cookie keyed windows plus a global one, metrics counted) and a
+// refusal from the negative cache.
+func TestHotPathAllocs(t *testing.T) {
+	rdb, prefix := servicetest.Redis(t)
+	m := NewMetrics(prometheus.NewRegistry())
+	big := &conf.Window{Limit: 10_000_000, Window: conf.D(10 * time.Second)}
+	rs, err := Compile([]conf.Rule{
+		{Name: "addr", PathPrefix: "/", PerIP: big, Global: big},
+		{Name: "hdr", PathPrefix: "/", PerIP: &conf.Window{Limit: 10_000_000, Window: conf.D(10 * time.Second), Key: "header:X-User-ID"}},
+		{Name: "ck", PathPrefix: "/", PerIP: &conf.Window{Limit: 10_000_000, Window: conf.D(10 * time.Second), Key: "cookie:session"}},
+		{Name: "spent", PathPrefix: "/spent", PerIP: &conf.Window{Limit: 1, Window: conf.D(time.Hour)}},
+	}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: time.Second, Instance: "allocs", Metrics: m})
+	h := &fakeHeader{name: []byte("X-User-ID"), value: []byte("user-1"), cookie: []byte("session"), cvalue: []byte("s-1")}
+	req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte("127.0.0.1"), Header: h}
+	var d Decision
+	check := func(r Request) Outcome {
+		d.Reset()
+		l.Check(rs, r, &d)
+		return d.Outcome
+	}
+	// Warm up until every window holds a lease large enough for the runs.
+	for i := 0; i < 4000; i++ {
+		if check(req) != Admit {
+			t.Fatal("limited while warming up")
+		}
+	}
+	// Measure runs that needed no refill (a refill's Redis call allocates;
+	// AllocsPerRun's integer average could hide it).
+	for try := 0; ; try++ {
+		calls := m.Calls()
+		a := testing.AllocsPerRun(100, func() { check(req) })
+		if m.Calls() != calls {
+			if try == 20 {
+				t.Fatal("every measurement straddled a refill")
+			}
+			continue
+		}
+		if a != 0 {
+			t.Errorf("leased decision: %v allocs, want 0", a)
+		}
+		break
+	}
+	spent := Request{Method: []byte("GET"), Path: []byte("/spent"), Addr: []byte("127.0.0.2")}
+	check(spent)
+	if check(spent) != Limited {
+		t.Fatal("second request in an hour-long window of 1 admitted")
+	}
+	if a := testing.AllocsPerRun(200, func() { check(spent) }); a != 0 {
+		t.Errorf("negative-cache refusal: %v allocs, want 0", a)
+	}
+}
+
+// FuzzClientKey: any header or cookie value yields a bounded key of the
+// expected form, a missing or empty one falls back to the address, and two
+// different values never share a key.
+func FuzzClientKey(f *testing.F) {
+	f.Add([]byte("u1"), []byte("u2"), false)
+	f.Add([]byte("1.2.3.4"), []byte(""), true)
+	f.Add([]byte("{rl:a:1.2.3.4}"), []byte("a:1.2.3.4"), false)
+	f.Add(make([]byte, 5000), []byte("\x00"), true)
+	w := &Window{Kind: PerIP, Source: FromHeader, Name: []byte("X-User-ID")}
+	wc := &Window{Kind: PerIP, Source: FromCookie, Name: []byte("session")}
+	f.Fuzz(func(t *testing.T, v1, v2 []byte, cookie bool) {
+		win := w
+		if cookie {
+			win = wc
+		}
+		key := func(v []byte) string {
+			h := &fakeHeader{name: w.Name, value: v, cookie: wc.Name, cvalue: v}
+			return string(appendClientKey(nil, win, Request{Addr: []byte("203.0.113.9"), Header: h}))
+		}
+		k1, k2 := key(v1), key(v2)
+		for _, tc := range []struct {
+			v []byte
+			k string
+		}{{v1, k1}, {v2, k2}} {
+			if len(tc.v) == 0 {
+				if tc.k != "a:203.0.113.9" {
+					t.Fatalf("empty value: key %q, want the address", tc.k)
+				}
+				continue
+			}
+			if len(tc.k) != 34 || (tc.k[:2] != "h:" && tc.k[:2] != "c:") || strings.ContainsAny(tc.k, "{} ") {
+				t.Fatalf("value %q: key %q", tc.v, tc.k)
+			}
+		}
+		same := string(v1) == string(v2) || (len(v1) > maxKeyInput && len(v2) > maxKeyInput && string(v1[:maxKeyInput]) == string(v2[:maxKeyInput]))
+		if !same && k1 == k2 {
+			t.Fatalf("values %q and %q share key %q", v1, v2, k1)
+		}
+	})
+}
+
+func hashTag(key string) string {
+	i := strings.IndexByte(key, '{')
+	j := strings.IndexByte(key[i+1:], '}')
+	return key[i+1 : i+1+j]
+}
+
+// Cluster readiness: every script call touches keys of one hash tag, per
+// client windows of different clients land under different tags, and the
+// per-client windows of several rules for one client key share one call.
+func TestCallsShareHashTag(t *testing.T) {
+	w := func(key string) *conf.Window { return &conf.Window{Limit: 5, Window: conf.D(time.Second), Key: key} }
+	rs, err := Compile([]conf.Rule{
+		{Name: "a", PathPrefix: "/", PerIP: w(""), Global: w("")},
+		{Name: "b", PathPrefix: "/", PerIP: w(""), Global: w("")},
+		{Name: "c", PathPrefix: "/", PerIP: w("header:X-User-ID")},
+	}, "p:", nil)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Instance: "t", Timeout: time.Second})
+	tags := map[string]bool{}
+	for _, addr := range []string{"192.0.2.1", "192.0.2.2"} {
+		var d Decision
+		req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(addr),
+			Header: &fakeHeader{name: []byte("X-User-ID"), value: []byte("u-" + addr)}}
+		d.matched = rs.Match(nil, req.Method, req.Path)
+		l.collect(req, &d, false, time.Now())
+		for i := range d.entries {
+			d.entries[i].own = nil
+		}
+		calls := l.prepare(rs, d.entries)
+		// a-ip + b-ip (one client key), a-global, b-global, c-key.
+		if len(calls) != 4 {
+			t.Fatalf("%d calls, want 4", len(calls))
+		}
+		for _, c := range calls {
+			tag := hashTag(c.keys[0])
+			for _, k := range c.keys {
+				if hashTag(k) != tag {
+					t.Fatalf("call mixes tags: %v", c.keys)
+				}
+			}
+			if strings.HasPrefix(tag, "rl:a:") || strings.HasPrefix(tag, "rl:h:") {
+				if tags[tag] {
+					t.Fatalf("two clients share tag %q", tag)
+				}
+				tags[tag] = true
+			}
+		}
+	}
+	if len(tags) != 4 {
+		t.Fatalf("per-client tags %v, want 2 clients x (address, header)", tags)
+	}
+}
+
+// Leased slots not spent are given back: by the sweeper once their time is
+// up, and at once when a reload replaces the rules. The log then holds
+// exactly the admitted requests.
+func TestLeaseGiveBack(t *testing.T) {
+	rdb, prefix := servicetest.Redis(t)
+	ctx := context.Background()
+	cr := []conf.Rule{{Name: "g", PathPrefix: "/", Global: &conf.Window{Limit: 1000, Window: conf.D(time.Minute)}}}
+	rs, err := Compile(cr, prefix, nil)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: time.Second, Instance: "gb"})
+	l.SetRules(rs)
+	req := Request{Method: []byte("GET"), Path: []byte("/"), Addr: []byte("192.0.2.9")}
+	admitted := 0
+	for i := 0; i < 20; i++ {
+		var d Decision
+		l.Check(rs, req, &d)
+		if d.Outcome == Admit {
+			admitted++
+		}
+	}
+	key := rs.Key(rs.list[0].Windows[0], nil)
+	if out := l.Outstanding(); out == 0 || rdb.ZCard(ctx, key).Val() != int64(admitted)+out {
+		t.Fatalf("outstanding %d, log %d, admitted %d", out, rdb.ZCard(ctx, key).Val(), admitted)
+	}
+	l.Sweep(time.Now().Add(2 * time.Second)) // every lease has expired by then
+	if out, n := l.Outstanding(), rdb.ZCard(ctx, key).Val(); out != 0 || n != int64(admitted) {
+		t.Fatalf("after the sweep: outstanding %d, log %d, want 0 and %d", out, n, admitted)
+	}
+	for i := 0; i < 20; i++ {
+		var d Decision
+		l.Check(rs, req, &d)
+		admitted++
+	}
+	rs2, err := Compile(cr, prefix, nil)
+	servicetest.Must(t, err, "compile")
+	l.SetRules(rs2)
+	if out, n := l.Outstanding(), rdb.ZCard(ctx, key).Val(); out != 0 || n != int64(admitted) {
+		t.Fatalf("after a reload: outstanding %d, log %d, want 0 and %d", out, n, admitted)
+	}
 }

@@ -43,24 +43,50 @@ type Kind uint8
 
 // Window kinds.
 const (
-	PerIP Kind = iota
+	PerIP Kind = iota // per client: keyed by address, header or cookie
 	Global
+)
+
+// Source is what a per-client window counts by.
+type Source uint8
+
+// Key sources ([[proxy.rules]] per_ip.key).
+const (
+	FromAddress Source = iota
+	FromHeader
+	FromCookie
 )
 
 // Window is one sliding window of a rule.
 type Window struct {
 	Kind   Kind
-	Limit  int
-	Length time.Duration
+	Source Source
+	// Name is the header or cookie name of a keyed window.
+	Name  []byte
+	Limit int
+	// Length is the window; Lease how long speculatively leased slots may
+	// be spent locally.
+	Length, Lease time.Duration
 	// Policy is the name in RateLimit-Policy and violated-policies:
-	// "<rule>-ip" or "<rule>-global".
+	// "<rule>-ip" (by address), "<rule>-key" (by header or cookie) or
+	// "<rule>-global".
 	Policy string
-	// key is the Redis key (global) or key prefix (per-IP, client key follows).
+	// key: the Redis key of a global window; for a per-client window the
+	// part after the client's hash tag (see Key).
 	key string
-	// lease is how long leased slots may be spent locally.
-	lease time.Duration
 	// item and prefix: see Policy.
 	item, prefix string
+
+	admitted, refused counterRef
+}
+
+// KindName is the window's kind as metrics label it: address, header,
+// cookie or global.
+func (w *Window) KindName() string {
+	if w.Kind == Global {
+		return "global"
+	}
+	return [...]string{"address", "header", "cookie"}[w.Source]
 }
 
 // Rule is a compiled [[proxy.rules]] entry.
@@ -68,30 +94,43 @@ type Rule struct {
 	Name    string
 	methods [][]byte // empty: any
 	prefix  []byte
-	Windows []*Window // per-IP first
+	Windows []*Window // per-client first
 	Mode    Mode
 	Shadow  bool
 
 	global  *state // state of the global window, if any
-	clients *table // per-client states of the per-IP window, if any
+	clients *table // per-client states of the per-client window, if any
 
 	admitted, limited, shadowed, degraded counterRef
 }
 
 // Rules is an immutable compiled rule set; a reload builds a new one.
 type Rules struct {
-	list []*Rule
+	list      []*Rule
+	keyPrefix string
 }
 
 // Len is the number of rules.
 func (rs *Rules) Len() int { return len(rs.list) }
 
-// KeyTag is the hash tag every limiter key carries (see lua/ratelimit.lua).
-const KeyTag = "{rl}"
+// Redis key layout (cluster-ready: every key one call touches shares one
+// hash tag, and per-client windows spread over the slots by client):
+//
+//	<prefix>{rl:<client>}:<rule>   per-client window; <client> is "a:<address>"
+//	                               or "h:"/"c:" + a hash of header/cookie name
+//	                               and value; every per-client window of one
+//	                               client key shares the tag, so one call
+//	                               checks them together
+//	<prefix>{rl:g:<rule>}          global window of a rule: its own slot
+//	<prefix>{rl}:instances         live proxy instances (heartbeat)
+const (
+	tagOpen   = "{rl:"
+	globalTag = "{rl:g:"
+)
 
 // Compile validates and compiles rules; keyPrefix is [redis] key_prefix.
 func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
-	rs := &Rules{}
+	rs := &Rules{keyPrefix: keyPrefix}
 	seen := map[string]bool{}
 	for i, cr := range rules {
 		if cr.Name == "" || seen[cr.Name] {
@@ -106,31 +145,53 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 		for _, meth := range cr.Methods {
 			r.methods = append(r.methods, []byte(meth))
 		}
-		base := keyPrefix + KeyTag + ":w:" + cr.Name + ":"
-		add := func(k Kind, w *conf.Window, suffix, policy string) error {
+		add := func(k Kind, w *conf.Window) error {
 			if w == nil {
 				return nil
+			}
+			policy := "global"
+			if k == PerIP {
+				policy = "ip"
 			}
 			if w.Limit < 1 || w.Window.Duration < time.Millisecond {
 				return fmt.Errorf("rule %s: %s window needs limit >= 1 and window >= 1ms", cr.Name, policy)
 			}
-			lease := w.Window.Duration / 2
-			if lease > time.Second {
-				lease = time.Second
+			win := &Window{Kind: k, Limit: w.Limit, Length: w.Window.Duration, Lease: min(w.Window.Duration/2, time.Second)}
+			switch {
+			case k == Global:
+				if w.Key != "" {
+					return fmt.Errorf("rule %s: a global window has no key", cr.Name)
+				}
+				win.key = keyPrefix + globalTag + cr.Name + "}"
+			default:
+				src, name, err := conf.ParseKey(w.Key)
+				if err != nil {
+					return fmt.Errorf("rule %s: per_ip.key: %w", cr.Name, err)
+				}
+				switch src {
+				case conf.KeyHeader:
+					win.Source, win.Name, policy = FromHeader, []byte(name), "key"
+				case conf.KeyCookie:
+					win.Source, win.Name, policy = FromCookie, []byte(name), "key"
+				}
+				win.key = "}:" + cr.Name
 			}
-			name := cr.Name + "-" + policy
-			quoted := `"` + name + `"`
+			win.Policy = cr.Name + "-" + policy
+			quoted := `"` + win.Policy + `"`
 			secs := max(1, int64((w.Window.Duration+time.Second-1)/time.Second))
-			r.Windows = append(r.Windows, &Window{Kind: k, Limit: w.Limit, Length: w.Window.Duration,
-				Policy: name, key: base + suffix, lease: lease,
-				item:   quoted + ";q=" + strconv.Itoa(w.Limit) + ";w=" + strconv.FormatInt(secs, 10),
-				prefix: quoted + ";r="})
+			win.item = quoted + ";q=" + strconv.Itoa(w.Limit) + ";w=" + strconv.FormatInt(secs, 10)
+			win.prefix = quoted + ";r="
+			if m != nil {
+				win.admitted = counterRef{m.windows.WithLabelValues(cr.Name, win.KindName(), "admitted")}
+				win.refused = counterRef{m.windows.WithLabelValues(cr.Name, win.KindName(), "refused")}
+			}
+			r.Windows = append(r.Windows, win)
 			return nil
 		}
-		if err := add(PerIP, cr.PerIP, "ip:", "ip"); err != nil {
+		if err := add(PerIP, cr.PerIP); err != nil {
 			return nil, err
 		}
-		if err := add(Global, cr.Global, "g", "global"); err != nil {
+		if err := add(Global, cr.Global); err != nil {
 			return nil, err
 		}
 		if len(r.Windows) == 0 {
@@ -144,14 +205,23 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 			}
 		}
 		if m != nil {
-			r.admitted = counterRef{m.Decisions.With(cr.Name, "admitted")}
-			r.limited = counterRef{m.Decisions.With(cr.Name, "limited")}
-			r.shadowed = counterRef{m.Decisions.With(cr.Name, "shadow")}
-			r.degraded = counterRef{m.Decisions.With(cr.Name, "degraded")}
+			r.admitted = counterRef{m.decisions.WithLabelValues(cr.Name, "admitted")}
+			r.limited = counterRef{m.decisions.WithLabelValues(cr.Name, "limited")}
+			r.shadowed = counterRef{m.decisions.WithLabelValues(cr.Name, "shadow")}
+			r.degraded = counterRef{m.decisions.WithLabelValues(cr.Name, "degraded")}
 		}
 		rs.list = append(rs.list, r)
 	}
 	return rs, nil
+}
+
+// Key is the Redis key of window w for the client key (ignored for a global
+// window).
+func (rs *Rules) Key(w *Window, client []byte) string {
+	if w.Kind == Global {
+		return w.key
+	}
+	return rs.keyPrefix + tagOpen + string(client) + w.key
 }
 
 // Match appends to dst every rule that applies to the method and path.
@@ -217,20 +287,17 @@ func (t *table) get(client []byte, now time.Time) *state {
 	return st
 }
 
-// sweep drops states idle for longer than idle that hold nothing worth
-// keeping, and returns the leased slots they still held.
-func (t *table) sweep(now time.Time, idle time.Duration) (dropped int, slots int) {
+// sweep drops states idle for longer than idle that hold nothing: no slots,
+// nothing to give back, no refill in flight, no negative answer.
+func (t *table) sweep(now time.Time, idle time.Duration) (dropped int) {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		for k, st := range sh.m {
 			st.mu.Lock()
 			m := mono(now)
-			old := m-st.lastUse.Load() > int64(idle) && m > st.deniedUntil.Load() && st.inflight == nil
-			if old {
-				slots += st.slots
-				st.slots = 0
-			}
+			old := m-st.lastUse.Load() > int64(idle) && m > st.deniedUntil.Load() && st.refill == nil &&
+				len(st.batches) == 0 && len(st.back) == 0
 			st.mu.Unlock()
 			if old {
 				delete(sh.m, k)
@@ -239,5 +306,17 @@ func (t *table) sweep(now time.Time, idle time.Duration) (dropped int, slots int
 		}
 		sh.mu.Unlock()
 	}
-	return dropped, slots
+	return dropped
+}
+
+// each calls fn for every state of the table (fn must not block).
+func (t *table) each(fn func(client string, st *state)) {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.RLock()
+		for k, st := range sh.m {
+			fn(k, st)
+		}
+		sh.mu.RUnlock()
+	}
 }

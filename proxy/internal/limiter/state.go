@@ -14,19 +14,20 @@ var clockBase = time.Now()
 func mono(t time.Time) int64 { return int64(t.Sub(clockBase)) }
 
 // state is the local view of one window (a rule's global window, or one
-// client's per-IP window): leased slots, the negative cache, the last figures
-// Redis gave, and the in-process counter used while Redis is unreachable.
+// client's per-client window): leased slots, slots to give back, the negative
+// cache, the last figures Redis gave, the refill in flight, and the
+// in-process counter used while Redis is unreachable. mu guards all but the
+// atomics.
 type state struct {
 	mu          sync.Mutex
-	slots       int          // leased slots not yet spent
-	leaseUntil  time.Time    // leased slots are spendable until then
-	epoch       uint64       // bumped at each new lease
-	want        int          // slots to ask for next time (adaptive)
-	wasted      bool         // the last lease expired with slots left
-	deniedUntil atomic.Int64 // negative cache: full until then (mono ns, exact); read without mu
+	batches     []batch      // leased slots not yet spent
+	back        []span       // slots not spent: removed from the log in the next call for this key
+	want        int          // speculative slots to ask for next time (adaptive)
+	wasted      bool         // a lease expired with slots left since the last call
+	refill      *refill      // the call in flight for this window, if any
+	deniedUntil atomic.Int64 // negative cache: full until then (mono ns); read without mu
 	remaining   int          // free slots after the last call
 	resetAt     time.Time    // when the next slot frees, as of the last call
-	inflight    chan struct{}
 	lastUse     atomic.Int64 // mono ns; stored under (at least) the table shard's read lock
 
 	// in-process sliding-window counter (two fixed buckets, weighted)
@@ -34,21 +35,122 @@ type state struct {
 	locPrev, locN int
 }
 
+// batch is a run of leased slots of one call: members seq:idx:from..to are
+// in the window's log, scored at the end of their spending time; until is
+// that end in local monotonic time (measured from before the call was sent,
+// so never later than the score). t0 and sent map local time to Redis time
+// for Trace.
+type batch struct {
+	seq           uint64
+	idx, from, to int
+	until         int64 // mono ns
+	t0            int64 // Redis time of the granting call, µs
+	sent          int64 // mono ns when that call was sent
+}
+
+// span names members seq:idx:from..to of this instance.
+type span struct {
+	seq           uint64
+	idx, from, to int
+}
+
+// refill is one call for a window; requests that need the same window wait
+// for it instead of calling too, and the caller asks for their slots.
+type refill struct {
+	done    chan struct{}
+	waiters int
+	// unowned: made by the call before (prev) for its late waiters; the
+	// first request to find it makes the call.
+	unowned bool
+	prev    *refill
+}
+
 func newState() *state { return &state{want: 1} }
 
-// newLease stores n further slots (one was spent by the calling request) and
-// adapts the next ask: double while leases run out, halve after waste.
-func (s *state) newLease(n int, until time.Time) {
-	switch {
-	case s.wasted:
-		s.want = max(1, s.want/2)
-	case s.want < MaxLease:
-		s.want = min(MaxLease, s.want*2)
+// take spends one leased slot valid at m (mono ns), earliest deadline first;
+// expired batches move to back. It returns the slot and its Redis-time stamp
+// (an upper bound of when it was spent). st.mu held.
+func (s *state) take(m int64, out *atomic.Int64) (slot, bool) {
+	best := -1
+	for i := 0; i < len(s.batches); {
+		b := &s.batches[i]
+		if m >= b.until {
+			s.giveBack(span{b.seq, b.idx, b.from, b.to}, out)
+			s.wasted = true
+			s.batches = append(s.batches[:i], s.batches[i+1:]...)
+			continue
+		}
+		if best < 0 || b.until < s.batches[best].until {
+			best = i
+		}
+		i++
 	}
-	s.wasted = false
-	s.slots += n // a concurrent call may have leased too: keep both
-	s.leaseUntil = until
-	s.epoch++
+	if best < 0 {
+		return slot{}, false
+	}
+	b := &s.batches[best]
+	sl := slot{seq: b.seq, idx: b.idx, j: b.to, until: b.until, stamp: b.t0 + (m-b.sent)/1000, t0: b.t0, sent: b.sent}
+	b.to--
+	out.Add(-1)
+	if b.to < b.from {
+		s.batches = append(s.batches[:best], s.batches[best+1:]...)
+	}
+	return sl, true
+}
+
+// putBack returns a slot taken by a request that was then refused: it stays
+// spendable while its time lasts, else it is given back. st.mu held.
+func (s *state) putBack(sl slot, m int64, out *atomic.Int64) {
+	if m >= sl.until {
+		s.giveBack(span{sl.seq, sl.idx, sl.j, sl.j}, nil)
+		return
+	}
+	s.addBatch(batch{seq: sl.seq, idx: sl.idx, from: sl.j, to: sl.j, until: sl.until, t0: sl.t0, sent: sl.sent})
+	out.Add(1)
+}
+
+// addBatch stores leased slots, merging with the batch they continue.
+func (s *state) addBatch(b batch) {
+	for i := range s.batches {
+		c := &s.batches[i]
+		if c.seq == b.seq && c.idx == b.idx && c.until == b.until && c.to+1 == b.from {
+			c.to = b.to
+			return
+		}
+	}
+	s.batches = append(s.batches, b)
+}
+
+// giveBack queues unspent slots for removal from the log; out (if not nil)
+// loses them from the outstanding count.
+func (s *state) giveBack(sp span, out *atomic.Int64) {
+	if out != nil {
+		out.Add(-int64(sp.to - sp.from + 1))
+	}
+	s.back = append(s.back, sp)
+}
+
+// expireAll moves every batch that expired by m to back. st.mu held.
+func (s *state) expireAll(m int64, out *atomic.Int64) {
+	for i := 0; i < len(s.batches); {
+		b := s.batches[i]
+		if m >= b.until {
+			s.giveBack(span{b.seq, b.idx, b.from, b.to}, out)
+			s.wasted = true
+			s.batches = append(s.batches[:i], s.batches[i+1:]...)
+			continue
+		}
+		i++
+	}
+}
+
+// slot is one leased slot taken by a request.
+type slot struct {
+	seq      uint64
+	idx, j   int
+	until    int64
+	stamp    int64 // Redis time µs, upper bound of the spending moment
+	t0, sent int64
 }
 
 // roll advances the local buckets to now (s.mu held).

@@ -28,11 +28,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/soldout"
-	"github.com/seckill/seckill/proxy/internal/metrics"
 )
 
 // maxBody bounds a kept answer; maxEntries bounds the cache.
@@ -58,7 +58,7 @@ type Cache struct {
 	m map[int64]map[string]*entry
 	n int
 
-	Hits, Stored *metrics.Counter
+	Hits, Stored prometheus.Counter
 }
 
 type entry struct {
@@ -70,12 +70,13 @@ type entry struct {
 }
 
 // New builds the cache for rules (off until a rule has a read_cache_ttl).
-func New(rules []conf.Rule, r *metrics.Registry) *Cache {
+func New(rules []conf.Rule, reg prometheus.Registerer) *Cache {
 	c := &Cache{news: soldout.NewNews(), m: map[int64]map[string]*entry{}}
 	c.SetRules(rules)
-	if r != nil {
-		c.Hits = r.NewCounterVec("seckill_proxy_read_cache_hits_total", "GETs answered from the proxy's read cache.").With()
-		c.Stored = r.NewCounterVec("seckill_proxy_read_cache_stored_total", "Upstream answers kept in the proxy's read cache.").With()
+	if reg != nil {
+		c.Hits = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_read_cache_hits_total", Help: "GETs answered from the proxy's read cache."})
+		c.Stored = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_read_cache_stored_total", Help: "Upstream answers kept in the proxy's read cache."})
+		reg.MustRegister(c.Hits, c.Stored)
 	}
 	return c
 }

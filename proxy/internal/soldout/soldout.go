@@ -23,11 +23,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/soldout"
-	"github.com/seckill/seckill/proxy/internal/metrics"
 )
 
 // Cache holds the sold-out answers per activity id.
@@ -36,18 +36,19 @@ type Cache struct {
 	mu    sync.RWMutex
 	m     map[int64]answer
 
-	Hits   *metrics.Counter
-	Learnt *metrics.Counter
+	Hits   prometheus.Counter
+	Learnt prometheus.Counter
 }
 
 type answer struct{ body, ctype []byte }
 
 // New builds a Cache keeping answers for ttl.
-func New(ttl time.Duration, r *metrics.Registry) *Cache {
+func New(ttl time.Duration, reg prometheus.Registerer) *Cache {
 	c := &Cache{flags: soldout.NewFlags(ttl), m: map[int64]answer{}}
-	if r != nil {
-		c.Hits = r.NewCounterVec("seckill_proxy_sold_out_answers_total", "Purchases answered sold-out by the proxy itself.").With()
-		c.Learnt = r.NewCounterVec("seckill_proxy_sold_out_learnt_total", "Sold-out answers learnt from the upstream.").With()
+	if reg != nil {
+		c.Hits = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_sold_out_answers_total", Help: "Purchases answered sold-out by the proxy itself."})
+		c.Learnt = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_sold_out_learnt_total", Help: "Sold-out answers learnt from the upstream."})
+		reg.MustRegister(c.Hits, c.Learnt)
 	}
 	return c
 }

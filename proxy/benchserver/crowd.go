@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// crowd opens one keep-alive connection from each of n source addresses
+// (127.0.0.2 upwards: every 127/8 address is local on Linux) to target and
+// sends GET / on each in a loop for d; then prints requests/s, the status
+// breakdown and latency percentiles as "key value" lines.
+func crowd(target string, n int, d time.Duration, out io.Writer) error {
+	if err := raiseNoFile(n + 256); err != nil {
+		return err
+	}
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		a := uint32(127)<<24 | uint32(i+2) // from 127.0.0.2: .0 and .1 are not clients
+		src := &net.TCPAddr{IP: net.IPv4(byte(a>>24), byte(a>>16), byte(a>>8), byte(a))}
+		dl := net.Dialer{LocalAddr: src, Timeout: 5 * time.Second}
+		c, err := dl.Dial("tcp", target)
+		if err != nil {
+			return fmt.Errorf("connection %d of %d from %s: %w", i+1, n, src.IP, err)
+		}
+		conns = append(conns, c)
+	}
+	req := []byte("GET / HTTP/1.1\r\nHost: crowd\r\nUser-Agent: crowd\r\n\r\n")
+	var total atomic.Int64
+	var codes [6]atomic.Int64
+	var mu sync.Mutex
+	var lat []time.Duration
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var firstErr atomic.Pointer[error]
+	start := time.Now()
+	for _, c := range conns {
+		wg.Go(func() {
+			br := bufio.NewReaderSize(c, 4096)
+			var resp fasthttp.Response
+			var mine []time.Duration
+			defer func() {
+				mu.Lock()
+				lat = append(lat, mine...)
+				mu.Unlock()
+			}()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				t0 := time.Now()
+				if _, err := c.Write(req); err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+					return
+				}
+				if err := resp.Read(br); err != nil {
+					if !errors.Is(err, io.EOF) {
+						firstErr.CompareAndSwap(nil, &err)
+					}
+					return
+				}
+				if len(mine) < 1000 {
+					mine = append(mine, time.Since(t0))
+				}
+				total.Add(1)
+				if k := resp.StatusCode() / 100; k >= 1 && k <= 5 {
+					codes[k].Add(1)
+				}
+				if resp.StatusCode() == 429 {
+					codes[0].Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(d)
+	close(stop)
+	el := time.Since(start)
+	// Unblock readers waiting on a reply that will not come in time.
+	for _, c := range conns {
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	}
+	wg.Wait()
+	if p := firstErr.Load(); p != nil && total.Load() == 0 {
+		return fmt.Errorf("crowd: %w", *p)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(q float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(q*float64(len(lat))))]
+	}
+	fmt.Fprintf(out, "clients %d\nrequests %d\nrps %.0f\n2xx %d\n429 %d\nother %d\np50 %v\np99 %v\n",
+		n, total.Load(), float64(total.Load())/el.Seconds(), codes[2].Load(), codes[0].Load(),
+		total.Load()-codes[2].Load()-codes[0].Load(), pct(0.5), pct(0.99))
+	return nil
+}
+
+// raiseNoFile raises RLIMIT_NOFILE to at least want, or says why it cannot.
+func raiseNoFile(want int) error {
+	var r syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+		return err
+	}
+	if r.Cur >= uint64(want) {
+		return nil
+	}
+	if r.Max < uint64(want) {
+		return fmt.Errorf("crowd of %d connections needs %d open files, the hard limit is %d: lower CROWD_CLIENTS or raise it (ulimit -Hn)", want-256, want, r.Max)
+	}
+	r.Cur = uint64(want)
+	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &r)
+}
