@@ -90,7 +90,7 @@ type Proxy struct {
 	closed bool
 
 	accepted, chunks, delayed, cut, held atomic.Int64
-	wg                                 sync.WaitGroup
+	wg                                   sync.WaitGroup
 }
 
 type rule struct {
