@@ -98,6 +98,7 @@ func run(ctx context.Context, args []string) error {
 		QueryTimeout:   cfg.MySQL.QueryTimeout.Duration,
 		SoldOutTTL:     cfg.Backend.SoldOutTTL.Duration,
 	}, log, sale.NewMetrics(reg))
+	defer svc.Close() // before Redis closes: background undos end first
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	watched := make(chan struct{})
 	go func() {

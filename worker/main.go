@@ -22,12 +22,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
-	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
@@ -145,7 +143,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	side.Add(2)
 	go func() {
 		defer side.Done()
-		sweepLoop(ctx, cfg, rdb, sales, db, reg, log)
+		sweepLoop(ctx, cfg, rdb, sales, db, log)
 	}()
 	go func() {
 		defer side.Done()
@@ -185,35 +183,17 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	return cerr
 }
 
-// sweepLoop runs the sweeper with its own confirming publisher (a connection
-// apart from the consumer's), retrying while the broker is unreachable.
-func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *reservation.Store, db *sql.DB, reg *prometheus.Registry, log *slog.Logger) {
+// sweepLoop runs the sweeper until ctx ends.
+func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *reservation.Store, db *sql.DB, log *slog.Logger) {
 	host, _ := os.Hostname()
-	instance := host + ":" + strconv.Itoa(os.Getpid())
-	pm := broker.NewPublisherMetrics(reg, "seckill_worker")
-	backoff := cfg.RabbitMQ.ReconnectMin.Duration
-	for {
-		pub, err := broker.NewPublisher(ctx, broker.PublisherConfigFrom(cfg.RabbitMQ, "seckill-sweeper "+instance), log, pm)
-		if err == nil {
-			s := sweep.New(sweep.Config{
-				Interval:       cfg.Worker.SweepInterval.Duration,
-				RepublishAfter: cfg.Worker.RepublishAfter.Duration,
-				QueryTimeout:   cfg.MySQL.QueryTimeout.Duration,
-				Instance:       instance,
-			}, rdb, sales, db, pub, log)
-			err = s.Run(ctx)
-			_ = pub.Close()
-			if err == nil {
-				return
-			}
-		}
-		log.Warn("sweeper", "err", err, "retry_in", backoff.String())
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, cfg.RabbitMQ.ReconnectMax.Duration)
+	s := sweep.New(sweep.Config{
+		Interval:     cfg.Worker.SweepInterval.Duration,
+		Grace:        cfg.Worker.RepublishAfter.Duration,
+		QueryTimeout: cfg.MySQL.QueryTimeout.Duration,
+		Instance:     host + ":" + strconv.Itoa(os.Getpid()),
+	}, rdb, sales, db, log)
+	if err := s.Run(ctx); err != nil {
+		log.Error("sweeper stopped", "err", err)
 	}
 }
 

@@ -118,6 +118,9 @@ const (
 	SoldOut       Outcome = "sold_out"
 	Insufficient  Outcome = "insufficient"
 	IDConflict    Outcome = "conflict"
+	// Undone: the caller's undo (release with a tombstone) ran before this
+	// reserve of the same order id; nothing was reserved.
+	Undone Outcome = "undone"
 )
 
 // Request is one purchase attempt.
@@ -126,8 +129,10 @@ type Request struct {
 	UserID         string
 	IdempotencyKey string // "" for none
 	Quantity       int64
-	OrderID        string // used when a new reservation is made
-	TTL            time.Duration
+	// OrderID is chosen before the call: a repeat of the call with the same
+	// id answers Reserved again without reserving twice.
+	OrderID string
+	TTL     time.Duration
 }
 
 // Result of Reserve. Fields beyond Outcome are set where the outcome has them.
@@ -136,7 +141,8 @@ type Result struct {
 	OrderID   string    // Reserved, Replay
 	State     State     // Replay: the order's state now
 	Quantity  int64     // Replay: the original quantity
-	Deadline  time.Time // Reserved
+	Deadline  time.Time // Reserved, Replay (zero when unknown)
+	Queued    bool      // Replay: the broker confirmed the order's message
 	Limit     int64     // BadQuantity, LimitExceeded
 	Held      int64     // LimitExceeded
 	Available int64     // Insufficient
@@ -168,13 +174,17 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 			res.State = State(st[0])
 		}
 		res.Quantity = num(at(v, 3))
+		if ms := num(at(v, 4)); ms > 0 {
+			res.Deadline = time.UnixMilli(ms)
+		}
+		res.Queued = num(at(v, 5)) == 1
 	case BadQuantity:
 		res.Limit = num(at(v, 1))
 	case LimitExceeded:
 		res.Held, res.Limit = num(at(v, 1)), num(at(v, 2))
 	case Insufficient:
 		res.Available = num(at(v, 1))
-	case NotFound, NotStarted, Ended, SoldOut, IDConflict:
+	case NotFound, NotStarted, Ended, SoldOut, IDConflict, Undone:
 	default:
 		return Result{}, fmt.Errorf("reserve activity %d: %w: %v", r.ActivityID, ErrScript, v)
 	}
@@ -204,21 +214,34 @@ func (s *Store) Release(ctx context.Context, activityID int64, orderID, reason s
 	return ReleaseOutcome(str(at(v, 0))), nil
 }
 
-// ReleaseUnpublished is Release for the backend after a failed publish: its
-// client is told that nothing was kept, so when the order is released the
-// idempotency key (if any) is forgotten too and a retry with it reserves anew.
-func (s *Store) ReleaseUnpublished(ctx context.Context, activityID int64, orderID, reason, userID, idemKey string) (ReleaseOutcome, error) {
+// Undo is Release for the backend, whose client is told that nothing was
+// kept (after a failed reserve or publish): when the order is released the
+// idempotency key (if any) is forgotten too, so a retry with it reserves
+// anew; and when no record exists (the reserve has not run, or is still on
+// its way) a tombstone is left that the late reserve refuses. So "released"
+// means: nothing is, or ever will be, reserved under orderID.
+func (s *Store) Undo(ctx context.Context, activityID int64, orderID, reason, userID, idemKey string) (ReleaseOutcome, error) {
 	k := s.Keys(activityID)
 	field := ""
 	if idemKey != "" {
 		field = userID + ":" + idemKey
 	}
 	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem},
-		orderID, reason, Channel(s.prefix), activityID, field).Slice()
+		orderID, reason, Channel(s.prefix), activityID, field, userID).Slice()
 	if err != nil {
 		return "", fmt.Errorf("release %s: %w", orderID, err)
 	}
 	return ReleaseOutcome(str(at(v, 0))), nil
+}
+
+// MarkQueued notes on an order's record that the broker confirmed its
+// message (lua/queued.lua); it reports whether the record was marked.
+func (s *Store) MarkQueued(ctx context.Context, activityID int64, orderID string) (bool, error) {
+	n, err := lua.Queued.Run(ctx, s.rdb, []string{s.Keys(activityID).Orders}, orderID).Int64()
+	if err != nil {
+		return false, fmt.Errorf("mark order %s queued: %w", orderID, err)
+	}
+	return n == 1, nil
 }
 
 // Claim takes orders over for a MySQL write; it returns one state per order id.
@@ -374,8 +397,15 @@ type Record struct {
 	Quantity int64
 	UserID   string
 	Deadline time.Time
-	Reason   string
+	Reason   string // F: why it failed
+	// Queued (P or C): the broker confirmed the order's message, which is
+	// then safe in the queue.
+	Queued bool
 }
+
+// queuedMark is field 5 of an open (P or C) record whose message the broker
+// confirmed (lua/queued.lua).
+const queuedMark = "q"
 
 // ParseRecord decodes "state|qty|user|deadline_ms|reason".
 func ParseRecord(orderID, raw string) (Record, error) {
@@ -388,6 +418,9 @@ func ParseRecord(orderID, raw string) (Record, error) {
 		return Record{}, fmt.Errorf("order %s: bad quantity in %q", orderID, raw)
 	}
 	rec := Record{OrderID: orderID, State: State(parts[0][0]), Quantity: q, UserID: parts[2], Reason: parts[4]}
+	if rec.State == Pending || rec.State == Claimed {
+		rec.Queued, rec.Reason = rec.Reason == queuedMark, ""
+	}
 	if parts[3] != "" {
 		ms, err := strconv.ParseInt(parts[3], 10, 64)
 		if err != nil {
@@ -478,23 +511,59 @@ func (s *Store) IdempotencyKey(ctx context.Context, activityID int64, orderID st
 	return k, nil
 }
 
-// Forget drops an order from the deadline index (it is already settled).
-func (s *Store) Forget(ctx context.Context, activityID int64, orderID string) error {
-	if err := s.rdb.ZRem(ctx, s.Keys(activityID).Deadlines, orderID).Err(); err != nil {
-		return fmt.Errorf("forget order %s: %w", orderID, err)
+// Forget drops orders from the deadline index (they are settled already).
+func (s *Store) Forget(ctx context.Context, activityID int64, orderIDs ...string) error {
+	if len(orderIDs) == 0 {
+		return nil
+	}
+	m := make([]any, len(orderIDs))
+	for i, id := range orderIDs {
+		m[i] = id
+	}
+	if err := s.rdb.ZRem(ctx, s.Keys(activityID).Deadlines, m...).Err(); err != nil {
+		return fmt.Errorf("forget %d orders of activity %d: %w", len(orderIDs), activityID, err)
 	}
 	return nil
 }
 
-// Postpone moves an order's next look in the deadline index to t; the
-// deadline in its record stays as it was.
-func (s *Store) Postpone(ctx context.Context, activityID int64, orderID string, t time.Time) error {
+// Postpone moves orders' next look in the deadline index to t; the
+// deadlines in their records stay as they were.
+func (s *Store) Postpone(ctx context.Context, activityID int64, t time.Time, orderIDs ...string) error {
+	if len(orderIDs) == 0 {
+		return nil
+	}
+	z := make([]redis.Z, len(orderIDs))
+	for i, id := range orderIDs {
+		z[i] = redis.Z{Score: float64(t.UnixMilli()), Member: id}
+	}
 	// XX: only while the order is still indexed (not settled meanwhile).
-	err := s.rdb.ZAddXX(ctx, s.Keys(activityID).Deadlines, redis.Z{Score: float64(t.UnixMilli()), Member: orderID}).Err()
-	if err != nil {
-		return fmt.Errorf("postpone order %s: %w", orderID, err)
+	if err := s.rdb.ZAddXX(ctx, s.Keys(activityID).Deadlines, z...).Err(); err != nil {
+		return fmt.Errorf("postpone %d orders of activity %d: %w", len(orderIDs), activityID, err)
 	}
 	return nil
+}
+
+// Records reads the records of orderIDs in one round trip, in order; an
+// order without a record gets the zero Record (OrderID "").
+func (s *Store) Records(ctx context.Context, activityID int64, orderIDs []string) ([]Record, error) {
+	out := make([]Record, len(orderIDs))
+	if len(orderIDs) == 0 {
+		return out, nil
+	}
+	raw, err := s.rdb.HMGet(ctx, s.Keys(activityID).Orders, orderIDs...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read %d orders of activity %d: %w", len(orderIDs), activityID, err)
+	}
+	for i, r := range raw {
+		rs, ok := r.(string)
+		if !ok {
+			continue
+		}
+		if out[i], err = ParseRecord(orderIDs[i], rs); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // SyncResult reports what Sync changed.

@@ -14,6 +14,7 @@ type Metrics struct {
 	reserveTime  prometheus.Histogram
 	purchases    *prometheus.CounterVec
 	rebuilds     *prometheus.CounterVec
+	undos        *prometheus.CounterVec
 }
 
 // NewMetrics registers the service's metrics on reg.
@@ -29,14 +30,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		purchases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "seckill_backend", Name: "publish_outcomes_total",
-			Help: "Reserved purchases by what followed the publish: accepted, released (503), accepted_claimed (publish failed, a worker had it), accepted_unsettled (release failed; the sweeper settles).",
+			Help: "Reserved purchases by what followed the publish: accepted, queued_mark_failed (accepted; the record was not marked queued), released (503), failed_in_mysql (undo failed, MySQL recorded it failed: 503), accepted_claimed (publish failed, a worker had it), accepted_unsettled (undo and MySQL failed; the sweeper settles).",
 		}, []string{"outcome"}),
 		rebuilds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "seckill_backend", Name: "rebuilds_total",
 			Help: "Rebuilds of a sale missing in Redis, by warm outcome (or not_found, error).",
 		}, []string{"result"}),
+		undos: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "seckill_backend", Name: "undos_total",
+			Help: "Background undos of reserves that failed (the reserve may have run), by the answer: released, claimed/confirmed/failed (a keyed retry took the order over), gave_up (deadline reached or shutdown; the sweeper expires it), skipped (too many at once; the sweeper expires it).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds)
+	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds, m.undos)
 	return m
 }
 
@@ -64,4 +69,10 @@ func (m *Metrics) rebuilt(result string, err error) {
 		result = "error"
 	}
 	m.rebuilds.WithLabelValues(result).Inc()
+}
+
+func (m *Metrics) undone(result string) {
+	if m != nil {
+		m.undos.WithLabelValues(result).Inc()
+	}
 }
