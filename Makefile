@@ -1,9 +1,10 @@
 # seckill — build, test and lint. See README.md.
 #
 #   make build      bin/proxy bin/backend bin/worker bin/bench
-#   make test       make services, go vet, go test -race (unit + integration)
+#   make test       make toolchain + services, go vet, go test -race (unit + integration)
 #   make lint       gofmt, go vet, staticcheck
 #   make services   start Redis, MariaDB, RabbitMQ if they are not running
+#   make toolchain  install a C compiler for -race when cgo is off (root, Debian)
 #   make clean      remove bin/
 #
 # Other targets (bench-proxy, demo, bench, chaos, fuzz) live in proxy/proxy.mk,
@@ -27,7 +28,7 @@ ifdef CI
 export CI
 endif
 
-.PHONY: build test vet lint services clean
+.PHONY: build test vet lint services toolchain clean
 
 # Build each binary whose directory already holds a main package, so the target
 # works while some of them are still being written.
@@ -45,10 +46,14 @@ build:
 services:
 	@scripts/services.sh
 
+# go test -race needs cgo, and a fresh Debian has no C compiler.
+toolchain:
+	@GO=$(GO) scripts/toolchain.sh
+
 vet:
 	$(GO) vet $(PKGS)
 
-test: services
+test: toolchain services
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $(TESTFLAGS) $(PKGS)
 

@@ -21,7 +21,7 @@ bench-deps:
 	@if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 			echo "bench-deps: installing chromium (headless HTML report test)"; \
-			apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
+			apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium fonts-liberation >/dev/null; \
 		else \
 			echo "bench-deps: chromium missing and cannot install it (not root / no apt-get); the HTML render test will skip (or fail under CI)"; \
 		fi; \

@@ -6,11 +6,17 @@
 #     (never stopped or restarted).
 #   * A service that is installed but not running is started.
 #   * A service that is not installed is installed with apt-get (one
-#     `apt-get update`, then `apt-get install -y` of the missing packages).
+#     `apt-get update`, then `apt-get install -y --no-install-recommends` of
+#     the missing packages: the servers and what they depend on, no mail
+#     server or other Recommends).
 #   * Every start is followed by a bounded wait for readiness; a service that
 #     does not come up fails the script, naming the service.
 #   * MariaDB: root must be able to log in over TCP 127.0.0.1:3306 with no
 #     password (what the tests and conf/seckill.toml expect); fixed if not.
+#     Readiness is checked on 127.0.0.1:3306 itself, and the mariadbd this
+#     script starts is tracked by its own pid file, so another mariadbd on the
+#     machine (another port or socket) is neither mistaken for ours nor
+#     waited on.
 #
 # Environment:
 #   SERVICES_TIMEOUT=60     seconds to wait for each service to become ready
@@ -37,6 +43,7 @@ declare -A PKG=([redis]=redis-server [mariadb]=mariadb-server [rabbitmq]=rabbitm
 declare -A BIN=([redis]=redis-server [mariadb]=mariadbd [rabbitmq]=rabbitmq-server)
 declare -A ADDR=([redis]=127.0.0.1:6379 [mariadb]=127.0.0.1:3306 [rabbitmq]=127.0.0.1:5672)
 declare -A STATUS=()
+MARIADB_PIDFILE=/run/mysqld/seckill-services.pid
 
 log() { printf 'services: %s\n' "$*" >&2; }
 die() {
@@ -63,10 +70,14 @@ redis_ready() {
 	[[ "$(timeout 5 redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" == "PONG" ]]
 }
 
-# mariadb-admin may exit 0 while printing an error: trust its output only.
+# The server on 127.0.0.1:3306, over TCP (not whichever mariadbd owns the
+# default socket). mariadb-admin may exit 0 while printing an error: trust its
+# output only. "Access denied" also proves a server answers there; the login
+# is fixed by ensure_mariadb_root_tcp.
 mariadb_ready() {
-	timeout 10 mariadb-admin ping 2>&1 | grep -q 'mysqld is alive' &&
-		port_open 3306
+	port_open 3306 &&
+		timeout 10 mariadb-admin --protocol=TCP -h127.0.0.1 -P3306 -uroot ping 2>&1 |
+		grep -q -E 'mysqld is alive|Access denied'
 }
 
 mariadb_tcp_root_ok() {
@@ -127,9 +138,12 @@ start_mariadb() {
 		run mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
 	fi
 	# mariadbd refuses to run as root: --user=mysql makes it drop privileges
-	# whatever my.cnf says. --oknodo: a running mariadbd is left alone.
+	# whatever my.cnf says. The pid file names the process this script
+	# started: --oknodo then leaves only that one alone, not any mariadbd on
+	# the machine. Port and address are given, not taken from my.cnf.
 	run start-stop-daemon --start --oknodo --background \
-		--exec /usr/sbin/mariadbd -- --user=mysql
+		--pidfile "$MARIADB_PIDFILE" --make-pidfile \
+		--exec /usr/sbin/mariadbd -- --user=mysql --port=3306 --bind-address=127.0.0.1
 }
 
 # Fallback when mariadbd did not come up from start_mariadb.
@@ -192,7 +206,7 @@ main() {
 		run apt-get update -q
 		# A package whose own start fails in a container (no init system) can
 		# make apt-get exit non-zero: go on when the binary is there, start below.
-		run apt-get install -y -q "${pkgs[@]}" ||
+		run apt-get install -y -q --no-install-recommends "${pkgs[@]}" ||
 			log "apt-get install reported an error; continuing if the binaries are installed"
 		for svc in "${missing[@]}"; do
 			if [[ -z "$DRY_RUN" ]] && ! command -v "${BIN[$svc]}" >/dev/null 2>&1; then
