@@ -292,6 +292,32 @@ func (s *Stack) check(t testing.TB, sale Sale, crowd *Crowd) Verdict {
 		v.fail("I4: accepted order %s: MySQL %+v (found %v), Redis %+v (found %v)", id, r, ok, rec, found)
 	}
 	v.Failed += redisFailed
+
+	// The client's ledger: units sold = units of the confirmed orders some
+	// attempt was finally answered 202 for. A unit sold beyond that was sold
+	// on behalf of an attempt answered 503 (or never answered).
+	var ledger int64
+	named := map[string]bool{}
+	for _, a := range crowd.Attempts {
+		if a.Status != http.StatusAccepted || named[a.OrderID] {
+			continue
+		}
+		named[a.OrderID] = true
+		if r, ok := rows[a.OrderID]; ok && r.status == "confirmed" {
+			ledger += r.qty
+		}
+	}
+	if sold != ledger {
+		v.fail("ledger: MySQL sold %d units, the confirmed orders answered 202 hold %d", sold, ledger)
+		var extra []string
+		for id, r := range rows {
+			if r.status == "confirmed" && !named[id] {
+				extra = append(extra, fmt.Sprintf("%s of %s (key %q)", id, r.user, r.key))
+			}
+		}
+		sort.Strings(extra)
+		v.fail("ledger: %d confirmed orders never answered 202, e.g. %v", len(extra), first(extra, 5))
+	}
 	overdue, err := s.Res.Overdue(ctx, sale.ID, time.Now().Add(24*time.Hour), 100)
 	servicetest.Must(t, err, "deadlines")
 	if len(overdue) > 0 {
