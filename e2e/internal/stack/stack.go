@@ -58,6 +58,8 @@ type Options struct {
 	BackendEnv map[int][]string
 	// StartWorkers false leaves the workers prepared but not started.
 	NoStartWorkers bool
+	// AMQPURL is a broker of the test's own ("" for the shared one).
+	AMQPURL string
 }
 
 // Stack is one isolated deployment.
@@ -72,6 +74,7 @@ type Stack struct {
 	RedisURL   string
 	Prefix     string // Redis key prefix
 	AMQPPrefix string
+	AMQPURL    string
 	Topo       broker.Topology
 	Res        *reservation.Store
 	Backends   []*Proc
@@ -98,7 +101,13 @@ func New(t testing.TB, o Options) *Stack {
 		}
 		return out
 	}
-	s.AMQPPrefix = servicetest.AMQPPrefix(t, suffix(topo.QueueNames()), suffix(topo.ExchangeNames()))
+	s.AMQPURL = o.AMQPURL
+	if s.AMQPURL == "" {
+		s.AMQPURL = servicetest.AMQPURL()
+		s.AMQPPrefix = servicetest.AMQPPrefix(t, suffix(topo.QueueNames()), suffix(topo.ExchangeNames()))
+	} else {
+		s.AMQPPrefix = servicetest.Name(t) // an own broker goes with the test
+	}
 	s.Topo = broker.TopologyFor(conf.RabbitMQ{Prefix: s.AMQPPrefix, DeliveryLimit: conf.Default().RabbitMQ.DeliveryLimit})
 	s.Res = reservation.New(s.Redis, s.Prefix)
 	s.ConfigPath = filepath.Join(s.Dir, "seckill.toml")
@@ -107,7 +116,7 @@ func New(t testing.TB, o Options) *Stack {
 		conf.EnvMySQLDSN+"="+s.DSN,
 		conf.EnvRedisURL+"="+s.RedisURL,
 		conf.EnvRedisKeyPrefix+"="+s.Prefix,
-		conf.EnvAMQPURL+"="+servicetest.AMQPURL(),
+		conf.EnvAMQPURL+"="+s.AMQPURL,
 		conf.EnvAMQPQueuePrefix+"="+s.AMQPPrefix,
 		conf.EnvAdminToken+"="+AdminToken,
 	)
@@ -201,7 +210,7 @@ func (s *Stack) CreateSale(t testing.TB, id, stock, limit int64) Sale {
 // (unacknowledged: consumers counted by the broker; RabbitMQ's passive declare
 // reports ready messages only, so the drain also waits for Redis).
 func (s *Stack) QueueDepth(t testing.TB) (int, error) {
-	conn, err := amqp.Dial(servicetest.AMQPURL())
+	conn, err := amqp.Dial(s.AMQPURL)
 	if err != nil {
 		return 0, err
 	}
@@ -220,7 +229,7 @@ func (s *Stack) QueueDepth(t testing.TB) (int, error) {
 // DeadLetters counts the messages in the dead-letter queue.
 func (s *Stack) DeadLetters(t testing.TB) int {
 	t.Helper()
-	conn, err := amqp.Dial(servicetest.AMQPURL())
+	conn, err := amqp.Dial(s.AMQPURL)
 	servicetest.Must(t, err, "dial")
 	defer conn.Close()
 	ch, err := conn.Channel()

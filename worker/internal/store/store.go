@@ -207,6 +207,29 @@ const (
 	erLockDeadlock    = 1213
 )
 
+// Permanent reports a MySQL error that rejects the data itself (a CHECK or
+// foreign key violation, a value out of range or too long, a bad value): the
+// same write fails however often it is repeated. Anything else (lost
+// connections, timeouts, deadlocks, a server that is down) may pass later.
+func Permanent(err error) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case 1048, // column cannot be null
+		1264, // out of range value
+		1292, // truncated incorrect value
+		1366, // incorrect value for column
+		1406, // data too long
+		1451, 1452, // foreign key
+		3819, // MySQL: check constraint violated
+		4025: // MariaDB: CONSTRAINT failed
+		return true
+	}
+	return false
+}
+
 // keyTaken reports a duplicate on the orders_user_key index.
 func keyTaken(err error) bool {
 	var me *mysql.MySQLError
