@@ -218,10 +218,10 @@ func Permanent(err error) bool {
 	}
 	switch me.Number {
 	case 1048, // column cannot be null
-		1264, // out of range value
-		1292, // truncated incorrect value
-		1366, // incorrect value for column
-		1406, // data too long
+		1264,       // out of range value
+		1292,       // truncated incorrect value
+		1366,       // incorrect value for column
+		1406,       // data too long
 		1451, 1452, // foreign key
 		3819, // MySQL: check constraint violated
 		4025: // MariaDB: CONSTRAINT failed
