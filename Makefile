@@ -2,7 +2,7 @@
 #
 #   make build      bin/proxy bin/backend bin/worker bin/bench
 #   make test       make toolchain + services, go vet, go test -race (unit + integration)
-#   make lint       gofmt, go vet, staticcheck
+#   make lint       gofmt, go mod tidy -diff, go vet, staticcheck
 #   make services   start Redis, MariaDB, RabbitMQ if they are not running
 #   make toolchain  install a C compiler for -race when cgo is off (root, Debian)
 #   make clean      remove bin/
@@ -60,6 +60,9 @@ test: toolchain services
 lint:
 	@out=$$(gofmt -l .); \
 	if [ -n "$$out" ]; then echo "gofmt: these files need formatting:"; echo "$$out"; exit 1; fi
+	@# go.mod and go.sum must be what go mod tidy makes of them.
+	@if ! diff=$$($(GO) mod tidy -diff 2>&1); then \
+		echo "go mod tidy: go.mod/go.sum are not tidy (run go mod tidy):"; echo "$$diff"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
 

@@ -1,5 +1,5 @@
 // Command backend is the seckill purchase service: it reserves in Redis,
-// publishes orders with publisher confirms, and serves the API of DESIGN.md §4.
+// publishes orders with publisher confirms, and serves the API of docs/contract.md.
 // Wiring only: config → logger → clients → packages → server.
 package main
 

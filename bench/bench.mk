@@ -1,6 +1,6 @@
 # bench targets; included from the top-level Makefile.
 #
-#   make demo            the flash-sale demo (DESIGN.md §5): build, services,
+#   make demo            the flash-sale demo (README "make demo"): build, services,
 #                        2 workers + backend + 2 proxies, bench, verdict last
 #   make demo QUICK=1    the short form (≤ 60 s) that .ci/run runs
 #   make bench           side-by-side performance run -> out/bench/{bench.json,bench.md}

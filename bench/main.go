@@ -27,9 +27,9 @@ import (
 
 	"github.com/seckill/seckill/bench/internal/load"
 	"github.com/seckill/seckill/bench/internal/report"
-	"github.com/seckill/seckill/bench/internal/verify"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/verify"
 )
 
 // errVerdict marks a run that completed with a FAIL verdict.
@@ -278,8 +278,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("-before-drain %q: %w", o.beforeDrain, err)
 		}
 	}
+	snap := rec.Snapshot()
 	drainer := &verify.Drainer{DB: db, Redis: rdb, Prefix: cfg.Redis.KeyPrefix, AMQPURL: cfg.RabbitMQ.URL,
-		Queue: topo.Queue, DeadQueue: topo.DeadQueue, Rabbitmqctl: o.rabbitmqctl}
+		Queue: topo.Queue, DeadQueue: topo.DeadQueue, Rabbitmqctl: o.rabbitmqctl, Accepted: acceptedIDs(snap.Accepted)}
 	dprog := newProgress(stderr, o.quiet, nil, tl)
 	dres, err := drainer.Wait(ctx, b.ActivityID, b.DrainTimeout.Duration, dprog.drainTick)
 	dprog.done()
@@ -290,7 +291,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		problems = append(problems, "drain: "+dres.Problem)
 	}
 
-	snap := rec.Snapshot()
 	var api *verify.APIState
 	if st, err := load.FetchState(ctx, b.AdminURL, b.ActivityID); err != nil {
 		problems = append(problems, err.Error())
@@ -333,6 +333,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errVerdict
 	}
 	return nil
+}
+
+func acceptedIDs(acc []verify.Accepted) []string {
+	seen := make(map[string]bool, len(acc))
+	ids := make([]string, 0, len(acc))
+	for _, a := range acc {
+		if !seen[a.OrderID] {
+			seen[a.OrderID] = true
+			ids = append(ids, a.OrderID)
+		}
+	}
+	return ids
 }
 
 func openStores(ctx context.Context, cfg conf.Config) (*sql.DB, *redis.Client, error) {

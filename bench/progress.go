@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/seckill/seckill/bench/internal/load"
-	"github.com/seckill/seckill/bench/internal/verify"
+	"github.com/seckill/seckill/internal/verify"
 )
 
 // progress shows the run while it goes: a bar redrawn in place on a

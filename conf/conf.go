@@ -126,7 +126,7 @@ func (c *Config) validate(p *problems) {
 	c.Bench.validate(p)
 }
 
-// Environment variables that override the file (DESIGN.md §5).
+// Environment variables that override the file (docs/configuration.md).
 const (
 	EnvRedisURL         = "SECKILL_REDIS_URL"
 	EnvMySQLDSN         = "SECKILL_MYSQL_DSN"

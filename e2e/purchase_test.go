@@ -1,6 +1,6 @@
 // Package e2e proves the purchase path end to end: real binaries (2 backends,
 // 3 workers) on an isolated stack of the real Redis, MariaDB and RabbitMQ,
-// a crowd buying concurrently, then invariants I1–I5 of DESIGN.md §3 checked
+// a crowd buying concurrently, then invariants I1–I5 (docs/invariants.md) checked
 // in MySQL and Redis after the queue drained. The stack and its checks live in
 // e2e/internal/stack, shared with the fault-injection suite (e2e/chaos).
 package e2e

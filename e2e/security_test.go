@@ -119,7 +119,7 @@ func TestProxyRejectsAmbiguousFraming(t *testing.T) {
 // address: with trusted_proxies empty (the default) a client-supplied
 // X-Forwarded-For is never taken as the client's address — the proxy keys on
 // the peer and appends the peer as the rightmost X-Forwarded-For entry, the
-// only entry an upstream may believe (DESIGN §4: appended). Rate limits keyed
+// only entry an upstream may believe (docs/contract.md: appended). Rate limits keyed
 // on the spoofed value are covered by proxy/internal/edge TestSpoofing.
 func TestProxyForwardedForFromUntrustedPeer(t *testing.T) {
 	if testing.Short() {

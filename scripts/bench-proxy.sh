@@ -14,7 +14,7 @@ REDIS_CLI=(redis-cli -u "${REDIS_URL:-redis://127.0.0.1:6379/0}")
 
 need() { command -v "$1" >/dev/null 2>&1; }
 if ! need wrk || ! need nginx; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk nginx-light >/dev/null
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# demo.sh — the main job (DESIGN.md §5): build, make sure Redis, MariaDB and
+# demo.sh — the main job (README "make demo"): build, make sure Redis, MariaDB and
 # RabbitMQ run, start a worker fleet (2), one backend and two proxies as an
 # isolated stack on free ports, run a flash sale through both proxies with
 # bin/bench, wait for the drain, verify I1–I5 against MySQL and Redis, print

@@ -1,7 +1,7 @@
 // Package chaos is the fault-injection suite of issue 5: each test runs a
 // flash sale of real processes (e2e/internal/stack) on an isolated stack,
 // injects one fault at a random point, heals it, drains, and asserts I1–I5
-// (DESIGN.md §3) in MySQL and Redis.
+// (docs/invariants.md) in MySQL and Redis.
 //
 // Faults local to the test's own processes (kill -9 of a worker or a backend,
 // SCRIPT FLUSH, duplicate and poison messages) run in `make test`. Faults that

@@ -1,6 +1,6 @@
 // Package api is the backend's HTTP edge (fasthttp + fasthttp/router): it
 // validates input, calls package sale, and maps results and errors to the
-// contract of DESIGN.md §4. Every error body is JSON with a stable code.
+// contract in docs/contract.md. Every error body is JSON with a stable code.
 package api
 
 import (

@@ -116,7 +116,7 @@ type PurchaseResult struct {
 // timeout from Config, derived from ctx.
 func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResult, error) {
 	now := s.now()
-	// The key is checked first (DESIGN §4), so only key-less requests may be
+	// The key is checked first (docs/contract.md, idempotency), so only key-less requests may be
 	// answered from the local flag.
 	if r.IdempotencyKey == "" && s.soldOut.Has(r.ActivityID, now) {
 		s.m.reserved("sold_out_cached", 0)

@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/seckill/seckill/bench/internal/verify"
+	"github.com/seckill/seckill/internal/verify"
 )
 
 // Sale is what PUT /admin/v1/activities/{id} takes.

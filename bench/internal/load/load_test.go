@@ -13,7 +13,7 @@ import (
 )
 
 // shop is a tiny in-process stand-in for proxy + backend speaking the
-// contract of DESIGN.md §4, so the load generator's own behaviour (addresses,
+// contract of docs/contract.md, so the load generator's own behaviour (addresses,
 // retries, idempotency keys, pacing) can be observed without the stack.
 type shop struct {
 	mu       sync.Mutex

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/seckill/seckill/bench/internal/hist"
-	"github.com/seckill/seckill/bench/internal/verify"
+	"github.com/seckill/seckill/internal/verify"
 )
 
 // Class is the outcome class latencies are reported by.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/seckill/seckill/bench/internal/hist"
 	"github.com/seckill/seckill/bench/internal/load"
-	"github.com/seckill/seckill/bench/internal/verify"
+	"github.com/seckill/seckill/internal/verify"
 )
 
 // Run describes the scenario that was run.

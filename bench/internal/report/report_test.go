@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/seckill/seckill/bench/internal/load"
-	"github.com/seckill/seckill/bench/internal/verify"
+	"github.com/seckill/seckill/internal/verify"
 )
 
 // sample builds a report from a recorder fed a plausible flash sale: a rush

@@ -1,7 +1,7 @@
 // Package stack runs isolated seckill stacks of real processes (backends,
 // workers, proxies) against the real Redis, MariaDB and RabbitMQ for the
 // end-to-end and fault-injection tests, drives a crowd of buyers through
-// them and checks invariants I1–I5 of DESIGN.md §3 in MySQL and Redis.
+// them and checks invariants I1–I5 (docs/invariants.md) in MySQL and Redis.
 // Test-only: nothing outside e2e/ imports it.
 package stack
 

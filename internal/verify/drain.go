@@ -17,9 +17,12 @@ import (
 	"github.com/seckill/seckill/internal/reservation"
 )
 
-// Drainer waits until a stack has processed every order of a sale: the order
-// queue holds no message (ready or unacknowledged) and Redis holds no pending
-// reservation of the activity.
+// Drainer is the one drain wait: it waits until a stack has processed every
+// order of a sale. Drained means the order queue holds no ready message, the
+// sale is in Redis with no pending reservation, every accepted order is
+// decided (a row in MySQL, or failed in Redis: nothing will change it any
+// more; whether that is enough is Evaluate's business) and, when rabbitmqctl
+// is at hand, no message is unacknowledged.
 type Drainer struct {
 	DB      *sql.DB
 	Redis   redis.Cmdable
@@ -35,6 +38,9 @@ type Drainer struct {
 	// opinion: the drain's real criterion is ready = 0 and Redis pending = 0
 	// (a delivered, unsettled order is still pending in Redis).
 	Rabbitmqctl string
+	// Accepted are the order ids answered 202; the drain waits until each
+	// is decided. Empty: not checked.
+	Accepted []string
 }
 
 // DrainStatus is one observation.
@@ -45,6 +51,25 @@ type DrainStatus struct {
 	Pending      int64 `json:"redis_pending"`
 	MySQLOrders  int64 `json:"mysql_orders"`
 	UnackedKnown bool  `json:"unacked_known"`
+	// SaleMissing: Redis has no such sale (lost; waiting for a rebuild).
+	SaleMissing bool `json:"sale_missing,omitempty"`
+	// Undecided counts accepted orders neither in MySQL nor failed in Redis
+	// (only looked at once the queue and Redis are empty).
+	Undecided int `json:"undecided,omitempty"`
+}
+
+func (s DrainStatus) String() string {
+	switch {
+	case s.SaleMissing:
+		return fmt.Sprintf("%d ready, sale missing in Redis", s.Ready)
+	case s.Undecided > 0:
+		return fmt.Sprintf("%d ready, %d pending in Redis, %d accepted orders undecided", s.Ready, s.Pending, s.Undecided)
+	}
+	return fmt.Sprintf("%d ready, %d pending in Redis", s.Ready, s.Pending)
+}
+
+func (s DrainStatus) empty() bool {
+	return s.Ready == 0 && s.Pending == 0 && !s.SaleMissing && s.Undecided == 0
 }
 
 // DrainResult is the outcome of Wait.
@@ -61,19 +86,19 @@ type DrainResult struct {
 	Problem string `json:"problem,omitempty"`
 }
 
+// errNoQueue is a configuration mistake, not a passing blip: Wait ends at once.
+var errNoQueue = errors.New("queue does not exist")
+
 // Wait polls until drained or timeout; tick, when set, sees every observation.
-// It returns an error only when the services cannot be read at all.
+// A service that cannot be read is tried again until the timeout (a fault test
+// drains across a restart); Wait returns an error when the services could not
+// be read by then, or at once when the queue does not exist.
 func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Duration, tick func(DrainStatus, time.Duration)) (DrainResult, error) {
 	poll := d.Poll
 	if poll <= 0 {
 		poll = 100 * time.Millisecond
 	}
-	conn, err := amqp.Dial(d.AMQPURL)
-	if err != nil {
-		return DrainResult{}, fmt.Errorf("drain: connect to rabbitmq: %w", err)
-	}
-	defer conn.Close()
-	q := &queueReader{conn: conn}
+	q := &queueReader{url: d.AMQPURL}
 	defer q.close()
 
 	start := time.Now()
@@ -88,7 +113,16 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 	for {
 		st, err := d.observe(ctx, q, activityID)
 		if err != nil {
-			return res, err
+			if errors.Is(err, errNoQueue) || time.Now().After(deadline) {
+				return res, err
+			}
+			q.close()
+			select {
+			case <-ctx.Done():
+				return res, ctx.Err()
+			case <-time.After(poll):
+			}
+			continue
 		}
 		if first {
 			res.Start, first = st, false
@@ -98,7 +132,7 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 		if tick != nil {
 			tick(st, elapsed)
 		}
-		if st.Ready == 0 && st.Pending == 0 {
+		if st.empty() {
 			unacked, known, err := d.unacked(ctx)
 			if err != nil {
 				res.Problem = err.Error()
@@ -111,7 +145,7 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 			}
 		}
 		if time.Now().After(deadline) {
-			res.Problem = fmt.Sprintf("not drained after %s: %d ready, %d pending in Redis", timeout, st.Ready, st.Pending)
+			res.Problem = fmt.Sprintf("not drained after %s: %s", timeout, st)
 			break
 		}
 		select {
@@ -148,6 +182,7 @@ func (d *Drainer) observe(ctx context.Context, q *queueReader, id int64) (DrainS
 	s, err := d.Redis.HGet(cctx, reservation.KeysFor(d.Prefix, id).Meta, "pending").Result()
 	switch {
 	case errors.Is(err, redis.Nil):
+		st.SaleMissing = true
 	case err != nil:
 		return st, fmt.Errorf("drain: read pending: %w", err)
 	default:
@@ -156,7 +191,62 @@ func (d *Drainer) observe(ctx context.Context, q *queueReader, id int64) (DrainS
 	if err := d.DB.QueryRowContext(cctx, "SELECT COUNT(*) FROM orders WHERE activity_id = ?", id).Scan(&st.MySQLOrders); err != nil {
 		return st, fmt.Errorf("drain: count orders: %w", err)
 	}
+	if st.Ready == 0 && st.Pending == 0 && !st.SaleMissing && len(d.Accepted) > 0 {
+		if st.Undecided, err = d.undecided(cctx, id); err != nil {
+			return st, err
+		}
+	}
 	return st, nil
+}
+
+// undecided counts the accepted orders that have no MySQL row and are not
+// failed in Redis.
+func (d *Drainer) undecided(ctx context.Context, id int64) (int, error) {
+	n := 0
+	for start := 0; start < len(d.Accepted); start += 500 {
+		chunk := d.Accepted[start:min(start+500, len(d.Accepted))]
+		args := make([]any, len(chunk))
+		for i, x := range chunk {
+			args[i] = x
+		}
+		rows, err := d.DB.QueryContext(ctx, "SELECT order_id FROM orders WHERE order_id IN (?"+strings.Repeat(",?", len(chunk)-1)+")", args...)
+		if err != nil {
+			return 0, fmt.Errorf("drain: look up accepted orders: %w", err)
+		}
+		have := map[string]bool{}
+		for rows.Next() {
+			var oid string
+			if err := rows.Scan(&oid); err != nil {
+				_ = rows.Close()
+				return 0, fmt.Errorf("drain: look up accepted orders: %w", err)
+			}
+			have[oid] = true
+		}
+		_ = rows.Close()
+		if err := rows.Err(); err != nil {
+			return 0, fmt.Errorf("drain: look up accepted orders: %w", err)
+		}
+		var rest []string
+		for _, oid := range chunk {
+			if !have[oid] {
+				rest = append(rest, oid)
+			}
+		}
+		if len(rest) == 0 {
+			continue
+		}
+		recs, err := d.Redis.HMGet(ctx, reservation.KeysFor(d.Prefix, id).Orders, rest...).Result()
+		if err != nil {
+			return 0, fmt.Errorf("drain: read order records: %w", err)
+		}
+		for i, raw := range recs {
+			s, _ := raw.(string)
+			if rec, err := reservation.ParseRecord(rest[i], s); err != nil || rec.State != reservation.Failed {
+				n++
+			}
+		}
+	}
+	return n, nil
 }
 
 // unacked asks rabbitmqctl for the queue's unacknowledged messages.
@@ -196,13 +286,21 @@ func parseUnacked(out, queue string) (int, bool, error) {
 }
 
 // queueReader reads queue depths with passive declares; a failed declare
-// closes the channel, so it reopens one when needed.
+// closes the channel, so it reopens one (and the connection) when needed.
 type queueReader struct {
+	url  string
 	conn *amqp.Connection
 	ch   *amqp.Channel
 }
 
 func (q *queueReader) ready(name string) (int, error) {
+	if q.conn == nil || q.conn.IsClosed() {
+		conn, err := amqp.Dial(q.url)
+		if err != nil {
+			return 0, fmt.Errorf("drain: connect to rabbitmq: %w", err)
+		}
+		q.conn, q.ch = conn, nil
+	}
 	if q.ch == nil || q.ch.IsClosed() {
 		ch, err := q.conn.Channel()
 		if err != nil {
@@ -214,7 +312,7 @@ func (q *queueReader) ready(name string) (int, error) {
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			return 0, fmt.Errorf("drain: queue %s does not exist (is the backend running with this [rabbitmq] prefix?)", name)
+			return 0, fmt.Errorf("drain: %w: %s (is the backend running with this [rabbitmq] prefix?)", errNoQueue, name)
 		}
 		return 0, fmt.Errorf("drain: inspect queue %s: %w", name, err)
 	}
@@ -224,5 +322,10 @@ func (q *queueReader) ready(name string) (int, error) {
 func (q *queueReader) close() {
 	if q.ch != nil {
 		_ = q.ch.Close()
+		q.ch = nil
+	}
+	if q.conn != nil {
+		_ = q.conn.Close()
+		q.conn = nil
 	}
 }

@@ -1,0 +1,174 @@
+package verify
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/salesdb"
+)
+
+// Checker reads one stack's MySQL database and Redis key space.
+type Checker struct {
+	DB     *sql.DB
+	Redis  redis.Cmdable
+	Prefix string // [redis] key_prefix
+}
+
+// Check reads the sale's State and evaluates it. An error means the check
+// could not be made (a service unreachable), not that the sale is broken.
+func (c *Checker) Check(ctx context.Context, in Input) (Verdict, error) {
+	st, err := c.Read(ctx, in.ActivityID, in.Accepted)
+	if err != nil {
+		return Verdict{}, err
+	}
+	return Evaluate(st, in), nil
+}
+
+// Read gathers what Evaluate needs; accepted only serves to say where
+// missing orders went.
+func (c *Checker) Read(ctx context.Context, id int64, accepted []Accepted) (State, error) {
+	var st State
+	var err error
+	if st.MySQL, err = c.readMySQL(ctx, id, accepted); err != nil {
+		return st, err
+	}
+	if st.Redis, err = c.readRedis(ctx, id); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+func (c *Checker) readMySQL(ctx context.Context, id int64, accepted []Accepted) (MySQLState, error) {
+	var m MySQLState
+	err := c.DB.QueryRowContext(ctx,
+		"SELECT total_stock, stock, sold, per_user_limit FROM activities WHERE id = ?", id).
+		Scan(&m.Total, &m.Stock, &m.Sold, &m.Limit)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return m, fmt.Errorf("read activity %d: %w", id, err)
+	default:
+		m.Found = true
+	}
+	if m.Orders, err = c.orders(ctx, id); err != nil {
+		return m, err
+	}
+	if m.Purchases, err = salesdb.Users(ctx, c.DB, id); err != nil {
+		return m, err
+	}
+	for u, n := range m.Purchases {
+		if n == 0 {
+			delete(m.Purchases, u)
+		}
+	}
+	have := make(map[string]bool, len(m.Orders))
+	for _, o := range m.Orders {
+		have[o.ID] = true
+	}
+	var missing []string
+	for _, a := range accepted {
+		if !have[a.OrderID] {
+			have[a.OrderID] = true
+			missing = append(missing, a.OrderID)
+		}
+	}
+	if m.Elsewhere, err = c.otherActivity(ctx, id, missing); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+func (c *Checker) orders(ctx context.Context, id int64) ([]Order, error) {
+	rows, err := c.DB.QueryContext(ctx,
+		"SELECT order_id, user_id, quantity, status, COALESCE(reason, ''), COALESCE(idempotency_key, '') FROM orders WHERE activity_id = ?", id)
+	if err != nil {
+		return nil, fmt.Errorf("read orders of activity %d: %w", id, err)
+	}
+	defer rows.Close()
+	var out []Order
+	for rows.Next() {
+		var o Order
+		if err := rows.Scan(&o.ID, &o.User, &o.Quantity, &o.Status, &o.Reason, &o.Key); err != nil {
+			return nil, fmt.Errorf("read orders of activity %d: %w", id, err)
+		}
+		out = append(out, o)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read orders of activity %d: %w", id, err)
+	}
+	return out, nil
+}
+
+// otherActivity counts how many of ids exist under another activity.
+func (c *Checker) otherActivity(ctx context.Context, id int64, ids []string) (int, error) {
+	n := 0
+	for start := 0; start < len(ids); start += 500 {
+		chunk := ids[start:min(start+500, len(ids))]
+		args := make([]any, 0, len(chunk)+1)
+		args = append(args, id)
+		for _, x := range chunk {
+			args = append(args, x)
+		}
+		var k int
+		q := "SELECT COUNT(*) FROM orders WHERE activity_id <> ? AND order_id IN (?" + strings.Repeat(",?", len(chunk)-1) + ")"
+		if err := c.DB.QueryRowContext(ctx, q, args...).Scan(&k); err != nil {
+			return 0, fmt.Errorf("look up lost orders: %w", err)
+		}
+		n += k
+	}
+	return n, nil
+}
+
+func (c *Checker) readRedis(ctx context.Context, id int64) (RedisState, error) {
+	r := RedisState{Records: map[string]reservation.Record{}, Users: map[string]int64{}}
+	k := reservation.KeysFor(c.Prefix, id)
+	sale, found, err := reservation.New(c.Redis, c.Prefix).Sale(ctx, id)
+	if err != nil {
+		return r, err
+	}
+	r.Found = found
+	r.Total, r.Sold, r.Pending, r.Limit = sale.Total, sale.Sold, sale.Pending, sale.Limit
+	var cursor uint64
+	for {
+		kv, next, err := c.Redis.HScan(ctx, k.Orders, cursor, "", 1000).Result()
+		if err != nil {
+			return r, fmt.Errorf("scan %s: %w", k.Orders, err)
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			rec, err := reservation.ParseRecord(kv[i], kv[i+1])
+			if err != nil {
+				r.Unreadable = append(r.Unreadable, fmt.Sprintf("reservation record: %v", err))
+				continue
+			}
+			r.Records[kv[i]] = rec
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	if r.Deadlines, err = c.Redis.ZCard(ctx, k.Deadlines).Result(); err != nil {
+		return r, fmt.Errorf("zcard %s: %w", k.Deadlines, err)
+	}
+	users, err := c.Redis.HGetAll(ctx, k.Users).Result()
+	if err != nil {
+		return r, fmt.Errorf("hgetall %s: %w", k.Users, err)
+	}
+	for u, s := range users {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			r.Unreadable = append(r.Unreadable, fmt.Sprintf("%s has a bad count %q for user %s", k.Users, s, u))
+			continue
+		}
+		if n != 0 {
+			r.Users[u] = n
+		}
+	}
+	return r, nil
+}
