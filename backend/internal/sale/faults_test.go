@@ -73,7 +73,7 @@ func newRig(t *testing.T) *rig {
 	t.Cleanup(func() { _ = real.Close() })
 	r := &rig{fp: fp, direct: reservation.New(rdb, prefix), rdb: rdb, db: db, topo: broker.TopologyFor(cfg.RabbitMQ), real: real}
 	r.svc = sale.New(reservation.New(via, prefix), db, r, sale.Config{
-		ReservationTTL: 30 * time.Second, RedisTimeout: 150 * time.Millisecond, PublishTimeout: 2 * time.Second,
+		ReservationTTL: 30 * time.Second, RedisTimeout: time.Second, PublishTimeout: 2 * time.Second,
 		QueryTimeout: 5 * time.Second, SoldOutTTL: time.Second,
 	}, log, nil)
 	t.Cleanup(r.svc.Close)
