@@ -97,6 +97,7 @@ func run(ctx context.Context, args []string) error {
 		PublishTimeout: cfg.Backend.PublishTimeout.Duration,
 		QueryTimeout:   cfg.MySQL.QueryTimeout.Duration,
 		SoldOutTTL:     cfg.Backend.SoldOutTTL.Duration,
+		RecoveryGrace:  cfg.Worker.RepublishAfter.Duration,
 	}, log, sale.NewMetrics(reg))
 	defer svc.Close() // before Redis closes: background undos end first
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))

@@ -5,8 +5,10 @@
 -- KEYS[3] idem       hash  "user:key" -> order id
 -- KEYS[4] orders     hash  order id -> "state|qty|user|deadline_ms|reason"
 -- KEYS[5] deadlines  zset  order id -> deadline (ms) while pending or claimed
--- KEYS[6] keys       hash  order id -> its idempotency key, so that a sweeper
---                          re-publishing the order sends the key to MySQL
+-- KEYS[6] keys       hash  order id -> its idempotency key
+-- KEYS[7] recovering string, set (with an expiry) while a sale rebuilt after a
+--                          Redis loss may still have orders in flight whose keys
+--                          Redis forgot: an unknown key then answers "unsure"
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
 -- TTL in ms
@@ -25,6 +27,8 @@
 --                                            queued is 1 once the broker confirmed its message
 --                                            (record field 5 = "q" while P or C)
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
+--   {"unsure"}                               a key Redis does not know, while recovering:
+--                                            it may belong to an order still in the queue
 --   {"bad_quantity", limit}                  quantity outside 1..limit
 --   {"not_started", start_ms} | {"ended", end_ms}
 --   {"limit_exceeded", held, limit}
@@ -64,6 +68,9 @@ if key ~= '' then
       return {'replay', prior, state, tonumber(qty), tonumber(deadline) or 0, queued}
     end
     return {'replay', prior, '?', 0, 0, 0}
+  end
+  if redis.call('EXISTS', KEYS[7]) == 1 then
+    return {'unsure'}
   end
 end
 local qty = tonumber(ARGV[3])

@@ -46,8 +46,11 @@ func (s State) String() string { return string(s) }
 // Keys names the Redis keys of one activity. All share the {act:ID} hash tag.
 type Keys struct {
 	Meta, Users, Idem, Orders, Deadlines string
-	// OrderKeys maps an order id to its idempotency key (for re-publishing).
+	// OrderKeys maps an order id to its idempotency key.
 	OrderKeys string
+	// Recovering exists while a sale rebuilt after a Redis loss may have
+	// orders in flight whose keys Redis forgot.
+	Recovering string
 }
 
 // KeysFor returns the keys of activity id under prefix.
@@ -59,7 +62,8 @@ func KeysFor(prefix string, id int64) Keys {
 		Idem:      base + "idem",
 		Orders:    base + "orders",
 		Deadlines: base + "deadlines",
-		OrderKeys: base + "keys",
+		OrderKeys:  base + "keys",
+		Recovering: base + "recovering",
 	}
 }
 
@@ -83,6 +87,7 @@ type Client interface {
 	ZRangeByScore(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.StringSliceCmd
 	ZCard(ctx context.Context, key string) *redis.IntCmd
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
+	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	ZAddXX(ctx context.Context, key string, members ...redis.Z) *redis.IntCmd
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
@@ -118,6 +123,9 @@ const (
 	SoldOut       Outcome = "sold_out"
 	Insufficient  Outcome = "insufficient"
 	IDConflict    Outcome = "conflict"
+	// Unsure: a key Redis does not know while the sale recovers from a Redis
+	// loss; it may belong to an order still in the queue (ask MySQL).
+	Unsure Outcome = "unsure"
 	// Undone: the caller's undo (release with a tombstone) ran before this
 	// reserve of the same order id; nothing was reserved.
 	Undone Outcome = "undone"
@@ -155,7 +163,7 @@ var ErrScript = errors.New("unexpected script reply")
 func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	k := s.Keys(r.ActivityID)
 	v, err := lua.Reserve.Run(ctx, s.rdb,
-		[]string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys},
+		[]string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys, k.Recovering},
 		r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds()).Slice()
 	if err != nil {
 		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
@@ -184,7 +192,7 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 		res.Held, res.Limit = num(at(v, 1)), num(at(v, 2))
 	case Insufficient:
 		res.Available = num(at(v, 1))
-	case NotFound, NotStarted, Ended, SoldOut, IDConflict, Undone:
+	case NotFound, NotStarted, Ended, SoldOut, IDConflict, Undone, Unsure:
 	default:
 		return Result{}, fmt.Errorf("reserve activity %d: %w: %v", r.ActivityID, ErrScript, v)
 	}
@@ -626,6 +634,16 @@ func (s *Store) Open(ctx context.Context, activityID int64, max int64) ([]Record
 		}
 	}
 	return out, nil
+}
+
+// MarkRecovering makes reserve.lua answer Unsure to keys it does not know,
+// for d: set before a sale lost by Redis is rebuilt, so that a keyed retry of
+// an order still in the queue is never handed a second order id.
+func (s *Store) MarkRecovering(ctx context.Context, activityID int64, d time.Duration) error {
+	if err := s.rdb.Set(ctx, s.Keys(activityID).Recovering, "1", d).Err(); err != nil {
+		return fmt.Errorf("mark activity %d recovering: %w", activityID, err)
+	}
+	return nil
 }
 
 // Decided is an order MySQL holds, for Restore.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/seckill/seckill/internal/reservation"
 )
@@ -63,12 +64,41 @@ func Decided(ctx context.Context, q Querier, id int64) ([]reservation.Decided, e
 	return out, nil
 }
 
-// Restore writes MySQL's decided orders of activity id back into Redis after
-// a rebuild (see reservation.Store.Restore).
-func Restore(ctx context.Context, q Querier, store *reservation.Store, id int64) error {
+// Restore prepares Redis for the rebuild of a sale it lost, and must run
+// before the sale is warmed again: it marks the sale recovering for window
+// (keys Redis does not know answer "unsure" meanwhile: they may belong to
+// orders still in the queue) and writes MySQL's decided orders' records and
+// keys back (see reservation.Store.Restore). Run first, a Restore that fails
+// leaves the sale missing, so the next request or reconcile pass tries again.
+func Restore(ctx context.Context, q Querier, store *reservation.Store, id int64, window time.Duration) error {
+	if window > 0 {
+		if err := store.MarkRecovering(ctx, id, window); err != nil {
+			return err
+		}
+	}
 	orders, err := Decided(ctx, q, id)
 	if err != nil {
 		return err
 	}
 	return store.Restore(ctx, id, orders)
+}
+
+// KeyOrder returns MySQL's order of (activity, user, idempotency key), if any.
+func KeyOrder(ctx context.Context, q Querier, id int64, user, key string) (reservation.Decided, bool, error) {
+	rows, err := q.QueryContext(ctx, `SELECT order_id, quantity, status, COALESCE(reason, '') FROM orders
+		WHERE activity_id = ? AND user_id = ? AND idempotency_key = ?`, id, user, key)
+	if err != nil {
+		return reservation.Decided{}, false, fmt.Errorf("read the order of a key: %w", err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return reservation.Decided{}, false, rows.Err()
+	}
+	d := reservation.Decided{UserID: user, IdempotencyKey: key}
+	var status string
+	if err := rows.Scan(&d.OrderID, &d.Quantity, &status, &d.Reason); err != nil {
+		return reservation.Decided{}, false, fmt.Errorf("read the order of a key: %w", err)
+	}
+	d.Confirmed = status == "confirmed"
+	return d, true, rows.Err()
 }

@@ -325,3 +325,56 @@ func TestPublishAndUndoFailMySQLDecides(t *testing.T) {
 		t.Errorf("record %+v (found %v), want pending and not queued", rec, found)
 	}
 }
+
+// Items 3 and 4: Redis loses the sale while a keyed order is still in the
+// queue. The rebuild restores what MySQL decided and marks the sale
+// recovering: a retry of the queued order's key gets 503 (never a second
+// order id), a decided key gets its order back, unkeyed sales go on; once the
+// worker wrote the queued order, its key gets that order.
+func TestRedisLossKeepsKeyedRetriesOnOneOrder(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	ctx := context.Background()
+	queued, err := r.purchase("lossy", "k")
+	if err != nil || queued.Outcome != sale.Accepted {
+		t.Fatalf("first purchase: %+v %v", queued, err)
+	}
+	decided, err := r.purchase("done", "k")
+	servicetest.Must(t, err, "second purchase")
+	// A worker wrote the second order; the first is still in the queue.
+	_, err = r.db.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status, idempotency_key) VALUES (?, ?, 'done', 1, 'confirmed', 'k')`, decided.OrderID, act)
+	servicetest.Must(t, err, "insert")
+	_, err = r.db.Exec(`UPDATE activities SET stock = stock - 1, sold = sold + 1 WHERE id = ?`, act)
+	servicetest.Must(t, err, "sell")
+	_, err = r.db.Exec(`INSERT INTO purchases (activity_id, user_id, quantity) VALUES (?, 'done', 1)`, act)
+	servicetest.Must(t, err, "purchases")
+
+	k := r.direct.Keys(act)
+	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys, k.Recovering).Err(), "lose the sale")
+
+	res, err := r.purchase("lossy", "k")
+	mustUnavailable(t, res, err)
+	if ttl, _ := r.rdb.PTTL(ctx, k.Recovering).Result(); ttl <= 0 || ttl > 30*time.Second {
+		t.Errorf("recovering mark TTL %v", ttl)
+	}
+	if s := r.sale(t); s.Pending != 0 || s.Sold != 1 {
+		t.Errorf("rebuilt sale %+v: the unknown key reserved something", s)
+	}
+	res, err = r.purchase("done", "k")
+	if err != nil || !res.Replay || res.OrderID != decided.OrderID || res.Status != "confirmed" {
+		t.Errorf("decided key after the loss: %+v %v", res, err)
+	}
+	if res, err := r.purchase("fresh", ""); err != nil || res.Outcome != sale.Accepted {
+		t.Errorf("unkeyed purchase while recovering: %+v %v", res, err)
+	}
+	// The worker writes the queued order: its key now finds it in MySQL.
+	_, err = r.db.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status, idempotency_key) VALUES (?, ?, 'lossy', 1, 'confirmed', 'k')`, queued.OrderID, act)
+	servicetest.Must(t, err, "insert")
+	res, err = r.purchase("lossy", "k")
+	if err != nil || !res.Replay || res.OrderID != queued.OrderID {
+		t.Errorf("queued key once written: %+v %v, want order %s", res, err, queued.OrderID)
+	}
+	if res, err := r.purchase("lossy", "k"); err != nil || res.OrderID != queued.OrderID {
+		t.Errorf("queued key again (now restored in Redis): %+v %v", res, err)
+	}
+}

@@ -40,6 +40,10 @@ type Config struct {
 	QueryTimeout   time.Duration // each MySQL statement or transaction
 	SoldOutTTL     time.Duration // trust of a local sold-out flag without news
 	NegativeTTL    time.Duration // trust of "no such activity in MySQL"
+	// RecoveryGrace is added to ReservationTTL for the window in which a
+	// sale rebuilt after a Redis loss answers 503 to unknown keys ([worker]
+	// republish_after: the sweeper's grace before it expires an order).
+	RecoveryGrace time.Duration
 }
 
 // Service runs purchases and admin changes.
@@ -151,6 +155,8 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	switch res.Outcome {
 	case reservation.Reserved:
 		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline), false)
+	case reservation.Unsure:
+		return s.keyOrder(ctx, r)
 	case reservation.Replay:
 		if res.State == reservation.Pending && !res.Queued {
 			// The broker never confirmed this order's message: its first
