@@ -57,11 +57,11 @@ type Keys struct {
 func KeysFor(prefix string, id int64) Keys {
 	base := prefix + "{act:" + strconv.FormatInt(id, 10) + "}:"
 	return Keys{
-		Meta:      base + "meta",
-		Users:     base + "users",
-		Idem:      base + "idem",
-		Orders:    base + "orders",
-		Deadlines: base + "deadlines",
+		Meta:       base + "meta",
+		Users:      base + "users",
+		Idem:       base + "idem",
+		Orders:     base + "orders",
+		Deadlines:  base + "deadlines",
 		OrderKeys:  base + "keys",
 		Recovering: base + "recovering",
 	}
