@@ -60,6 +60,8 @@ type Options struct {
 	NoStartWorkers bool
 	// AMQPURL is a broker of the test's own ("" for the shared one).
 	AMQPURL string
+	// RedisURL is a Redis of the test's own ("" for the shared one).
+	RedisURL string
 }
 
 // Stack is one isolated deployment.
@@ -91,7 +93,10 @@ func New(t testing.TB, o Options) *Stack {
 	t.Helper()
 	s := &Stack{t: t, Dir: t.TempDir()}
 	s.DSN = servicetest.MySQLDSN(t)
-	s.RedisURL = redisURL(t, o.RedisDB)
+	s.RedisURL = o.RedisURL
+	if s.RedisURL == "" {
+		s.RedisURL = redisURL(t, o.RedisDB)
+	}
 	s.Redis, s.Prefix = servicetest.RedisAt(t, s.RedisURL)
 	topo := broker.TopologyFor(conf.RabbitMQ{Prefix: "x", DeliveryLimit: 5})
 	suffix := func(names []string) []string {
