@@ -183,12 +183,34 @@ func TestUndoOvertakesDelayedReserve(t *testing.T) {
 	}
 }
 
-// Item 1: the reserve ran and its reply was lost (not a timeout: EOF). The
-// error is treated as "may have run": the undo releases the reservation.
+// The reserve ran and its reply was lost (EOF, not a timeout): the backend
+// runs the same call once more on a fresh connection; it finds its own
+// record (the order id was chosen before) and the purchase is accepted with
+// one reservation.
+func TestLostReplyRetriedOnce(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	fired := r.fp.Once(faultnet.Rule{Dir: faultnet.Down, Match: faultnet.Contains("$2\r\nok\r\n"), Cut: true})
+	res, err := r.purchase("eof-once", "k1")
+	if err != nil || res.Outcome != sale.Accepted {
+		t.Fatalf("purchase = %+v %v, want 202", res, err)
+	}
+	<-fired
+	if recs := r.records(t, "eof-once"); len(recs) != 1 || recs[0].OrderID != res.OrderID {
+		t.Fatalf("records %+v, want the one order %s", recs, res.OrderID)
+	}
+	if s := r.sale(t); s.Pending != 1 {
+		t.Fatalf("sale %+v, want 1 pending", s)
+	}
+}
+
+// Item 1: the reserve ran and both replies were lost. The error is treated
+// as "may have run": the undo releases the reservation.
 func TestLostReplyIsUndone(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
 	// The reply of reserve.lua starts with "*3\r\n$2\r\nok".
+	r.fp.Once(faultnet.Rule{Dir: faultnet.Down, Match: faultnet.Contains("$2\r\nok\r\n"), Cut: true})
 	fired := r.fp.Once(faultnet.Rule{Dir: faultnet.Down, Match: faultnet.Contains("$2\r\nok\r\n"), Cut: true})
 	res, err := r.purchase("eof-user", "k1")
 	mustUnavailable(t, res, err)
@@ -213,8 +235,9 @@ func TestLostReplyIsUndone(t *testing.T) {
 func TestUndoRetriedUntilDefinite(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
+	r.fp.Once(faultnet.Rule{Dir: faultnet.Down, Match: faultnet.Contains("$2\r\nok\r\n"), Cut: true})
 	fired := r.fp.Once(faultnet.Rule{Dir: faultnet.Down, Match: faultnet.Contains("$2\r\nok\r\n"), Cut: true})
-	// Every request is cut until healed: the first undos fail.
+	// The first undos are cut too.
 	r.fp.Once(faultnet.Rule{Dir: faultnet.Up, Match: faultnet.Contains("reserve_failed"), Cut: true})
 	r.fp.Once(faultnet.Rule{Dir: faultnet.Up, Match: faultnet.Contains("reserve_failed"), Cut: true})
 	cut3 := r.fp.Once(faultnet.Rule{Dir: faultnet.Up, Match: faultnet.Contains("reserve_failed"), Cut: true})

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -199,6 +200,15 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 		start := time.Now()
 		res, err := s.store.Reserve(rctx, req)
 		cancel()
+		if err != nil && !timedOut(err) && ctx.Err() == nil {
+			// A broken connection (EOF, reset, a failed dial), not a slow
+			// Redis: the same call once more on a fresh connection. Safe,
+			// since reserve.lua is idempotent on the order id; it is what
+			// go-redis's own retries did, without re-running it blindly.
+			rctx, cancel = context.WithTimeout(ctx, s.cfg.RedisTimeout)
+			res, err = s.store.Reserve(rctx, req)
+			cancel()
+		}
 		if err != nil {
 			s.m.reserved("error", time.Since(start))
 			s.undoLater(r, req.OrderID, reasonReserveFailed, start.Add(s.cfg.ReservationTTL))
@@ -401,6 +411,13 @@ func (s *Service) release(ctx context.Context, r PurchaseRequest, orderID, reaso
 		}
 	}
 	return "", err
+}
+
+// timedOut reports an error of a call that ran out of time (Redis slow, or
+// the request or its reply still on the wire).
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // group is a single-flight per activity id.
