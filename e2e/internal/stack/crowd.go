@@ -40,6 +40,9 @@ type Crowd struct {
 	// Spread, when set, paces the attempts evenly over this long, so that a
 	// fault injected meanwhile lands mid-sale.
 	Spread time.Duration
+	// Prepare, when set, edits each purchase request after its headers are
+	// set (e.g. a bearer token for the proxy's JWT identity).
+	Prepare func(req *http.Request, a *Attempt)
 
 	done atomic.Int64
 }
@@ -110,7 +113,7 @@ func (c *Crowd) attempt(client *http.Client, backends []*Proc, i int, a *Attempt
 		a.Tries++
 		b := backends[(i+try)%len(backends)]
 		start := time.Now()
-		status, code, id, err := purchase(client, b.URL(), c.Sale.ID, a)
+		status, code, id, err := purchase(client, b.URL(), c.Sale.ID, a, c.Prepare)
 		a.Status, a.Code, a.OrderID, a.Elapsed = status, code, id, time.Since(start)
 		if err != nil {
 			a.Answers = append(a.Answers, "error")
@@ -127,7 +130,7 @@ func (c *Crowd) attempt(client *http.Client, backends []*Proc, i int, a *Attempt
 	}
 }
 
-func purchase(client *http.Client, base string, activity int64, a *Attempt) (int, string, string, error) {
+func purchase(client *http.Client, base string, activity int64, a *Attempt, prepare func(*http.Request, *Attempt)) (int, string, string, error) {
 	body, _ := json.Marshal(map[string]int64{"quantity": a.Qty})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -139,6 +142,9 @@ func purchase(client *http.Client, base string, activity int64, a *Attempt) (int
 	req.Header.Set("Content-Type", "application/json")
 	if a.Key != "" {
 		req.Header.Set("Idempotency-Key", a.Key)
+	}
+	if prepare != nil {
+		prepare(req, a)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
