@@ -15,8 +15,10 @@
 --         written, which a reserve.lua of this order id arriving later refuses
 --         ("undone"); the undo then answers "released" too.
 --
--- Returns {"released"} | {"claimed"} | {"confirmed"} | {"failed"} | {"missing"}
--- (the last four: nothing changed, the state the order is in). A repeat of a
+-- Returns {"released"} | {"claimed"} | {"queued"} | {"confirmed"} | {"failed"} | {"missing"}
+-- (all but the first: nothing changed, the state the order is in; "queued":
+-- pending, but the broker confirmed a message of it — another request of the
+-- same key published it — so a worker will decide it, as after a claim). A repeat of a
 -- release that already happened with the same reason answers "released" again,
 -- so a caller whose first reply was lost (a timeout) may simply retry.
 
@@ -34,6 +36,8 @@ if state == 'F' and reason == ARGV[2] then
 end
 if state == 'C' then
   return {'claimed'}
+elseif state == 'P' and reason == 'q' then
+  return {'queued'}
 elseif state == 'K' then
   return {'confirmed'}
 elseif state == 'F' then

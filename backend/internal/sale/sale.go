@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 )
@@ -155,7 +156,7 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	}
 	switch res.Outcome {
 	case reservation.Reserved:
-		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline), false)
+		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline))
 	case reservation.Unsure:
 		return s.keyOrder(ctx, r)
 	case reservation.Replay:
@@ -164,7 +165,7 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 			// request died or is still publishing. Publish it now, so the
 			// 202 this replay gives is backed by a queued message (a second
 			// copy is harmless: workers write an order id once).
-			return s.publish(ctx, r, s.orderOf(r, res.OrderID, res.Quantity, res.Deadline), true)
+			return s.adopt(ctx, r, s.orderOf(r, res.OrderID, res.Quantity, res.Deadline))
 		}
 		return PurchaseResult{Outcome: Accepted, OrderID: res.OrderID, Status: res.State.Public(), Replay: true}, nil
 	case reservation.SoldOut:
@@ -315,12 +316,12 @@ func (s *Service) orderOf(r PurchaseRequest, orderID string, qty int64, deadline
 // When Redis gives no answer either, MySQL arbitrates: a failed row inserted
 // first means no worker can ever confirm the order (503); a row already there
 // is the worker's decision (202).
-func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Order, replay bool) (PurchaseResult, error) {
+func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Order) (PurchaseResult, error) {
 	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
 	perr := s.pub.Publish(pctx, o)
 	cancel()
 	accepted := func(status string) (PurchaseResult, error) {
-		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: replay}, nil
+		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status}, nil
 	}
 	if perr == nil {
 		s.m.purchased("accepted")
@@ -356,7 +357,7 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Ord
 	case reservation.Released:
 		s.m.purchased("released")
 		return PurchaseResult{}, fmt.Errorf("%w: %v (reservation released)", ErrUnavailable, perr)
-	case reservation.AlreadyClaimed:
+	case reservation.AlreadyClaimed, reservation.AlreadyQueued:
 		s.m.purchased("accepted_claimed")
 		return accepted("pending")
 	case reservation.AlreadyConfirmed:
@@ -365,6 +366,45 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Ord
 	}
 	s.m.purchased("accepted_claimed")
 	return accepted("failed")
+}
+
+// adopt publishes an order reserved by an earlier request of the same key
+// whose message the broker never confirmed. It never undoes the order in
+// Redis: that would unbind a key another request may have answered 202 for.
+// When the publish fails, MySQL decides: a failed row inserted first → no
+// worker can confirm it (503, the key keeps naming it); a row there → 202
+// with its status. The same message in flight from this process (the first
+// request still waits for its confirm) is left to that request: 202.
+func (s *Service) adopt(ctx context.Context, r PurchaseRequest, o ordermsg.Order) (PurchaseResult, error) {
+	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+	perr := s.pub.Publish(pctx, o)
+	cancel()
+	accepted := func(status string) (PurchaseResult, error) {
+		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: true}, nil
+	}
+	if perr == nil {
+		s.m.purchased("adopted")
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+		if _, err := s.store.MarkQueued(rctx, r.ActivityID, o.OrderID); err != nil {
+			s.m.purchased("queued_mark_failed")
+		}
+		cancel()
+		return accepted("pending")
+	}
+	if errors.Is(perr, broker.ErrDuplicate) {
+		s.m.purchased("adopted_in_flight")
+		return accepted("pending")
+	}
+	status, err := s.failInMySQL(ctx, o, reasonPublishFailed)
+	switch {
+	case err != nil:
+		s.m.purchased("accepted_unsettled")
+		return accepted("pending")
+	case status == "":
+		s.m.purchased("failed_in_mysql")
+		return PurchaseResult{}, fmt.Errorf("%w: %v (adopted order recorded failed in MySQL)", ErrUnavailable, perr)
+	}
+	return accepted(status)
 }
 
 // failInMySQL records an order failed with reason unless MySQL holds it
