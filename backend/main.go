@@ -117,7 +117,9 @@ func run(ctx context.Context, args []string) error {
 		StateTTL:        cfg.Backend.StateCacheTTL.Duration,
 		OrderWaitMax:    cfg.Backend.OrderWaitMax.Duration,
 		MaxOrderWaiters: cfg.Backend.MaxOrderWaiters,
+		RecoveryGrace:   cfg.Worker.RepublishAfter.Duration,
 	}, log, sale.NewMetrics(reg))
+	defer svc.Close() // before Redis closes: background undos end first
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	var watched sync.WaitGroup
 	watched.Go(func() { svc.WatchStockEvents(watchCtx, rdb, nil) })

@@ -17,6 +17,7 @@ type Metrics struct {
 	stateReads   map[string]prometheus.Counter
 	waits        *prometheus.CounterVec
 	waiters      prometheus.Gauge
+	undos        *prometheus.CounterVec
 }
 
 // stateReadResults label the sale-state reads: answered from the cache,
@@ -36,11 +37,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		purchases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "seckill_backend", Name: "publish_outcomes_total",
-			Help: "Reserved purchases by what followed the publish: accepted, released (503), accepted_claimed (publish failed, a worker had it), accepted_unsettled (release failed; the sweeper settles).",
+			Help: "Reserved purchases by what followed the publish: accepted, queued_mark_failed (accepted; the record was not marked queued), released (503), failed_in_mysql (undo failed, MySQL recorded it failed: 503), accepted_claimed (publish failed, a worker had it), accepted_unsettled (undo and MySQL failed; the sweeper settles), adopted (a replay published an unconfirmed order), adopted_in_flight (its first request is still publishing it).",
 		}, []string{"outcome"}),
 		rebuilds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "seckill_backend", Name: "rebuilds_total",
 			Help: "Rebuilds of a sale missing in Redis, by warm outcome (or not_found, error).",
+		}, []string{"result"}),
+		undos: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "seckill_backend", Name: "undos_total",
+			Help: "Background undos of reserves that failed (the reserve may have run), by the answer: released, claimed/confirmed/failed (a keyed retry took the order over), gave_up (deadline reached or shutdown; the sweeper expires it), skipped (too many at once; the sweeper expires it).",
 		}, []string{"result"}),
 	}
 	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -59,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Namespace: "seckill_backend", Name: "order_waiters",
 		Help: "Order long-polls waiting now.",
 	})
-	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds, reads, m.waits, m.waiters)
+	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds, reads, m.waits, m.waiters, m.undos)
 	return m
 }
 
@@ -104,5 +109,11 @@ func (m *Metrics) waited(outcome string) {
 func (m *Metrics) waiting(delta float64) {
 	if m != nil {
 		m.waiters.Add(delta)
+	}
+}
+
+func (m *Metrics) undone(result string) {
+	if m != nil {
+		m.undos.WithLabelValues(result).Inc()
 	}
 }

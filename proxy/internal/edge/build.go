@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,6 +28,10 @@ type Proxy struct {
 	Handler *Handler
 	Metrics *limiter.Metrics
 	cfg     conf.Config
+
+	// beforeServe is a test hook run first in every forwarded request (a
+	// test injects a panic with it); nil in production.
+	beforeServe atomic.Pointer[func(*fasthttp.RequestCtx)]
 }
 
 // Option adjusts New.
@@ -108,8 +114,10 @@ func (p *Proxy) WatchStockEvents(ctx context.Context, rdb *redis.Client, log *sl
 func (p *Proxy) Server(log *slog.Logger) *fasthttp.Server {
 	c := p.cfg.Proxy
 	return &fasthttp.Server{
-		Handler:                       p.Handler.Serve,
+		Handler:                       recovered(p.serve, log),
 		ErrorHandler:                  ServerError,
+		Concurrency:                   c.Concurrency,
+		MaxConnsPerIP:                 c.MaxConnsPerIP,
 		Name:                          "seckill-proxy",
 		ReadTimeout:                   c.ReadTimeout.Duration,
 		WriteTimeout:                  c.WriteTimeout.Duration,
@@ -126,9 +134,33 @@ func (p *Proxy) Server(log *slog.Logger) *fasthttp.Server {
 	}
 }
 
+func (p *Proxy) serve(ctx *fasthttp.RequestCtx) {
+	if f := p.beforeServe.Load(); f != nil {
+		(*f)(ctx)
+	}
+	p.Handler.Serve(ctx)
+}
+
+// recovered answers 500 (problem+json) for a request whose handler
+// panicked, closes its connection and logs it: one bad request never ends
+// the process or reaches the client as a dropped connection.
+func recovered(h fasthttp.RequestHandler, log *slog.Logger) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("proxy handler panicked", "panic", r, "path", string(ctx.Path()), "stack", string(debug.Stack()))
+				ctx.Response.Reset()
+				ctx.SetConnectionClose()
+				problem(ctx, fasthttp.StatusInternalServerError, "internal-error", "Internal error", "the proxy failed on this request")
+			}
+		}()
+		h(ctx)
+	}
+}
+
 // AdminServer serves /healthz, /readyz, /metrics.
 func (p *Proxy) AdminServer(log *slog.Logger) *fasthttp.Server {
-	return &fasthttp.Server{Handler: p.Handler.Admin, Name: "seckill-proxy-admin", ReadTimeout: 5 * time.Second,
+	return &fasthttp.Server{Handler: recovered(p.Handler.Admin, log), Name: "seckill-proxy-admin", ReadTimeout: 5 * time.Second,
 		WriteTimeout: 5 * time.Second, IdleTimeout: time.Minute, Logger: fasthttpLogger{log}}
 }
 
