@@ -13,10 +13,13 @@
 -- ARGV[6] user id (optional): the backend's undo of a reserve whose outcome it
 --         does not know. With no record, a tombstone "F|0|user||reason" is
 --         written, which a reserve.lua of this order id arriving later refuses
---         ("undone"); the undo then answers "released" too.
+--         ("undone"); the undo then answers "released" too. And a P record
+--         marked adopted ("a": a keyed replay publishes it) or queued ("q":
+--         the broker confirmed a copy) is left alone: "taken" — a client was
+--         or will be answered 202 with that order id.
 --
 -- Returns {"released"} | {"claimed"} | {"confirmed"} | {"failed"} | {"missing"}
--- (the last four: nothing changed, the state the order is in). A repeat of a
+-- | {"taken"} (all but the first: nothing changed, the state the order is in). A repeat of a
 -- release that already happened with the same reason answers "released" again,
 -- so a caller whose first reply was lost (a timeout) may simply retry.
 
@@ -38,6 +41,9 @@ elseif state == 'K' then
   return {'confirmed'}
 elseif state == 'F' then
   return {'failed'}
+end
+if ARGV[6] and ARGV[6] ~= '' and (reason == 'a' or reason == 'q') then
+  return {'taken'}
 end
 qty = tonumber(qty)
 if redis.call('EXISTS', KEYS[1]) == 1 then
