@@ -206,6 +206,7 @@ type ReleaseOutcome string
 const (
 	Released          ReleaseOutcome = "released"
 	AlreadyClaimed    ReleaseOutcome = "claimed"
+	AlreadyQueued     ReleaseOutcome = "queued" // the broker confirmed a message of it: a worker decides
 	AlreadyConfirmed  ReleaseOutcome = "confirmed"
 	AlreadyFailed     ReleaseOutcome = "failed"
 	ReservationAbsent ReleaseOutcome = "missing"

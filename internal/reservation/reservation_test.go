@@ -720,3 +720,27 @@ func TestMarkQueued(t *testing.T) {
 		t.Errorf("settled record %+v", rec)
 	}
 }
+
+// TestUndoLeavesAQueuedOrder: once the broker confirmed a message of the
+// order (another request of the key published it), the undo answers queued
+// and changes nothing: a worker will decide it, and the key keeps naming it.
+func TestUndoLeavesAQueuedOrder(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 25
+	warm(t, st, rdb, id, sale{total: 5, limit: 2, start: -time.Hour, end: time.Hour})
+	r := reserve(t, st, id, "u", "k", 1)
+	_, err := st.MarkQueued(ctx, id, r.OrderID)
+	servicetest.Must(t, err, "mark")
+	before := snapshot(t, rdb, prefix)
+	out, err := st.Undo(ctx, id, r.OrderID, "publish_failed", "u", "k")
+	servicetest.Must(t, err, "undo")
+	if out != reservation.AlreadyQueued {
+		t.Fatalf("undo of a queued order = %s, want queued", out)
+	}
+	if after := snapshot(t, rdb, prefix); !reflect.DeepEqual(before, after) {
+		t.Error("the undo of a queued order wrote to Redis")
+	}
+}

@@ -59,6 +59,13 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 	out, sale, err := s.store.Warm(rctx, id, args)
 	cancel()
+	if err != nil && !timedOut(err) {
+		// A broken connection: once more (warm.lua is safe to repeat; a
+		// create-only repeat of a create that ran answers "exists").
+		rctx, cancel = context.WithTimeout(ctx, s.cfg.RedisTimeout)
+		out, sale, err = s.store.Warm(rctx, id, args)
+		cancel()
+	}
 	if err != nil || out != reservation.WarmNeedUsers {
 		return out, sale, err
 	}

@@ -401,3 +401,31 @@ func TestRedisLossKeepsKeyedRetriesOnOneOrder(t *testing.T) {
 		t.Errorf("queued key again (now restored in Redis): %+v %v", res, err)
 	}
 }
+
+// A replay whose publish of the adopted order fails never undoes it in
+// Redis (another request may have answered 202 for it, and its key must keep
+// naming it): MySQL records it failed first, and the answer is 503.
+func TestAdoptedPublishFailureKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	ctx := context.Background()
+	orphan, err := r.direct.Reserve(ctx, reservation.Request{ActivityID: act, UserID: "adopter",
+		IdempotencyKey: "k", Quantity: 1, OrderID: ordermsg.NewOrderID(act), TTL: time.Minute})
+	servicetest.Must(t, err, "reserve")
+	fail := func(context.Context, ordermsg.Order) error { return broker.ErrConfirmTimeout }
+	r.publish.Store(&fail)
+	res, err := r.purchase("adopter", "k")
+	mustUnavailable(t, res, err)
+	var status, reason string
+	servicetest.Must(t, r.db.QueryRow(`SELECT status, reason FROM orders WHERE order_id = ?`, orphan.OrderID).Scan(&status, &reason), "row")
+	if status != "failed" || reason != "publish_failed" {
+		t.Errorf("MySQL row %s/%s, want failed/publish_failed", status, reason)
+	}
+	if got, _ := r.rdb.HGet(ctx, r.direct.Keys(act).Idem, "adopter:k").Result(); got != orphan.OrderID {
+		t.Errorf("key now names %q, want %s", got, orphan.OrderID)
+	}
+	r.publish.Store(nil)
+	if res, err := r.purchase("adopter", "k"); err != nil || res.OrderID != orphan.OrderID {
+		t.Errorf("next retry = %+v %v, want the same order", res, err)
+	}
+}

@@ -165,7 +165,7 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 			// request died or is still publishing. Publish it now, so the
 			// 202 this replay gives is backed by a queued message (a second
 			// copy is harmless: workers write an order id once).
-			return s.publish(ctx, r, s.orderOf(r, res.OrderID, res.Quantity, res.Deadline), true)
+			return s.adopt(ctx, r, s.orderOf(r, res.OrderID, res.Quantity, res.Deadline))
 		}
 		return PurchaseResult{Outcome: Accepted, OrderID: res.OrderID, Status: res.State.Public(), Replay: true}, nil
 	case reservation.SoldOut:
@@ -350,10 +350,10 @@ func (s *Service) orderOf(r PurchaseRequest, orderID string, qty int64, deadline
 // claim.lua) and answered 503, also when Redis does not answer: nobody
 // publishes the order, the background undo or the sweeper releases it.
 //
-// replay: the order is a keyed replay's, reserved by an earlier attempt of
-// the key whose outcome this call does not know. It is never undone with the
-// key (the key may have been answered with this order); a failure answers
-// 503 ("outcome unknown") and leaves the adopted record to the sweeper.
+// replay (see adopt): the order was reserved by an earlier attempt of the
+// same key whose outcome this call does not know; it is never undone in
+// Redis with the key (the key may have been answered with this order): any
+// failure is decided in MySQL.
 func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Order, replay bool) (PurchaseResult, error) {
 	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
 	perr := s.pub.Publish(pctx, o)
@@ -362,15 +362,21 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Ord
 		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: replay}, nil
 	}
 	if perr == nil {
-		s.m.purchased("accepted")
+		if replay {
+			s.m.purchased("adopted")
+		} else {
+			s.m.purchased("accepted")
+		}
 		return accepted(s.markQueued(ctx, r, o))
 	}
-	if broker.MayHaveArrived(perr) {
-		return s.refuse(ctx, r, o, perr, replay)
+	if replay && errors.Is(perr, broker.ErrDuplicate) {
+		// The first request of the key, in this process, still waits for
+		// its confirm: it decides the order.
+		s.m.purchased("adopted_in_flight")
+		return accepted("pending")
 	}
-	if replay {
-		s.m.purchased("replay_unpublished")
-		return PurchaseResult{}, fmt.Errorf("%w: %v (replayed order %s left pending)", ErrUnavailable, perr, o.OrderID)
+	if replay || broker.MayHaveArrived(perr) {
+		return s.refuse(ctx, r, o, perr, replay)
 	}
 	out, rerr := s.release(ctx, r, o.OrderID, reasonPublishFailed, releaseTries)
 	if rerr != nil {
@@ -383,7 +389,7 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Ord
 	case reservation.Released:
 		s.m.purchased("released")
 		return PurchaseResult{}, fmt.Errorf("%w: %v (reservation released)", ErrUnavailable, perr)
-	case reservation.Taken, reservation.AlreadyClaimed:
+	case reservation.Taken, reservation.AlreadyClaimed, reservation.AlreadyQueued:
 		// A keyed replay publishes it (or a copy is queued already).
 		s.m.purchased("accepted_claimed")
 		return accepted("pending")
@@ -393,6 +399,16 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Ord
 	}
 	s.m.purchased("accepted_claimed")
 	return accepted("failed")
+}
+
+// adopt publishes an order reserved by an earlier request of the same key
+// whose message the broker never confirmed (reserve.lua marked it adopted,
+// so that request's undo no longer releases it). It never undoes the order
+// in Redis with the key: a failed publish is decided in MySQL (a failed row
+// inserted first: 503, the key keeps naming the order; a row there: 202
+// with its status).
+func (s *Service) adopt(ctx context.Context, r PurchaseRequest, o ordermsg.Order) (PurchaseResult, error) {
+	return s.publish(ctx, r, o, true)
 }
 
 // markQueued notes that the broker confirmed o, and returns the status the
