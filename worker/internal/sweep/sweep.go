@@ -1,9 +1,10 @@
 // Package sweep resolves reservations whose deadline passed (I4: nothing stays
 // pending past its deadline plus one sweep — except an order whose message the
-// broker confirmed, which waits for the workers however long they are away).
+// broker confirmed, which waits for the workers up to QueuedGrace).
 // One sweeper is active across the fleet at a time, through a fenced Redis
-// lease renewed between chunks, so a long sweep never overlaps the next
-// holder's; its writes are idempotent besides.
+// lease renewed before each chunk, which bounds the chunk's deadline, so a
+// long sweep never overlaps the next holder's; its writes are idempotent
+// besides.
 //
 // For overdue reservations, in chunks of Batch per round trip, the sweeper asks
 // MySQL, the truth:
