@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
@@ -132,7 +133,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
-	bo := newBackoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
+	bo := backoff.New(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			c.m.Reconnects.Inc()
@@ -142,11 +143,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return nil
 		}
 		if consumed {
-			bo.reset()
+			bo.Reset()
 		}
-		d := bo.next()
+		d := bo.Next()
 		c.log.Warn("amqp session lost; reconnecting", "err", err, "in", d)
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			return nil
 		}
 	}
@@ -446,7 +447,7 @@ func (c *Consumer) write(ctx context.Context, g *group) error {
 	for i, o := range g.orders {
 		ids[i] = o.OrderID
 	}
-	bo := newBackoff(c.cfg.RetryMin, c.cfg.RetryMax)
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
 	claimed := false
 	permanent := 0
 	for try := 1; ; try++ {
@@ -490,9 +491,9 @@ func (c *Consumer) write(ctx context.Context, g *group) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		d := bo.next()
+		d := bo.Next()
 		c.log.Warn("batch not written; retrying", "activity", g.activityID, "orders", len(g.orders), "try", try, "in", d, "err", err)
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			return ctx.Err()
 		}
 	}
@@ -540,7 +541,7 @@ func (c *Consumer) isolate(ctx context.Context, g *group) (*group, []int, error)
 // MySQL fails transiently; errPermanent when MySQL refuses the row, ctx's
 // error when ctx ended first.
 func (c *Consumer) fail(ctx context.Context, o ordermsg.Order, reason string) (store.Outcome, error) {
-	bo := newBackoff(c.cfg.RetryMin, c.cfg.RetryMax)
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
 	for {
 		out, err := c.w.Fail(ctx, o, reason)
 		if err == nil {
@@ -553,7 +554,7 @@ func (c *Consumer) fail(ctx context.Context, o ordermsg.Order, reason string) (s
 			return store.Outcome{}, ctx.Err()
 		}
 		c.m.Retries.WithLabelValues(workermetrics.CauseMySQL).Inc()
-		if !sleep(ctx, bo.next()) {
+		if !backoff.Sleep(ctx, bo.Next()) {
 			return store.Outcome{}, ctx.Err()
 		}
 	}
@@ -567,7 +568,7 @@ func (c *Consumer) settle(ctx context.Context, g *group) {
 	for i, o := range g.outcomes {
 		s[i] = o.Settlement()
 	}
-	bo := newBackoff(c.cfg.RetryMin, c.cfg.RetryMax)
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
 	for {
 		sctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
 		_, err := c.res.Settle(sctx, g.activityID, s)
@@ -580,9 +581,9 @@ func (c *Consumer) settle(ctx context.Context, g *group) {
 			return
 		}
 		c.m.Retries.WithLabelValues(workermetrics.CauseSettle).Inc()
-		d := bo.next()
+		d := bo.Next()
 		c.log.Warn("settle failed; retrying", "activity", g.activityID, "orders", len(s), "in", d, "err", err)
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			c.log.Error("settle abandoned; the orders stay claimed in Redis until swept", "activity", g.activityID, "orders", len(s))
 			return
 		}
