@@ -14,10 +14,16 @@ type Worker struct {
 	BatchSize int      `toml:"batch_size"`
 	BatchWait Duration `toml:"batch_wait"`
 	// RetryMin and RetryMax bound the back-off while MySQL or Redis fail.
-	RetryMin          Duration `toml:"retry_min"`
-	RetryMax          Duration `toml:"retry_max"`
-	SweepInterval     Duration `toml:"sweep_interval"`
-	RepublishAfter    Duration `toml:"republish_after"`
+	RetryMin       Duration `toml:"retry_min"`
+	RetryMax       Duration `toml:"retry_max"`
+	SweepInterval  Duration `toml:"sweep_interval"`
+	RepublishAfter Duration `toml:"republish_after"`
+	// QueuedExpireAfter bounds the wait of an order whose message the broker
+	// confirmed: past its deadline by this much with no MySQL row, the
+	// message is taken as gone (dead-lettered by the delivery limit, the
+	// queue deleted) and the order is failed (expired), so no 202 stays
+	// pending forever. Longer than any worker outage you ride out.
+	QueuedExpireAfter Duration `toml:"queued_expire_after"`
 	ReconcileInterval Duration `toml:"reconcile_interval"`
 	ShutdownGrace     Duration `toml:"shutdown_grace"`
 	// DrainDelay is how long /readyz fails after SIGTERM before the worker
@@ -43,6 +49,7 @@ func defaultWorker() Worker {
 		RetryMax:          D(5 * time.Second),
 		SweepInterval:     D(time.Second),
 		RepublishAfter:    D(30 * time.Second),
+		QueuedExpireAfter: D(6 * time.Hour),
 		ReconcileInterval: D(10 * time.Second),
 		ShutdownGrace:     D(10 * time.Second),
 		ArchiveInterval:   D(30 * time.Second),
@@ -61,6 +68,10 @@ func (w *Worker) validate(p *problems) {
 	checkPositive(p, "worker.retry_max", w.RetryMax)
 	checkPositive(p, "worker.sweep_interval", w.SweepInterval)
 	checkPositive(p, "worker.republish_after", w.RepublishAfter)
+	checkPositive(p, "worker.queued_expire_after", w.QueuedExpireAfter)
+	if w.QueuedExpireAfter.Duration > 0 && w.QueuedExpireAfter.Duration < w.RepublishAfter.Duration {
+		p.add("worker.queued_expire_after", "must be at least worker.republish_after (%s), got %s", w.RepublishAfter.Duration, w.QueuedExpireAfter.Duration)
+	}
 	checkPositive(p, "worker.reconcile_interval", w.ReconcileInterval)
 	checkPositive(p, "worker.shutdown_grace", w.ShutdownGrace)
 	checkNonNegative(p, "worker.drain_delay", w.DrainDelay)

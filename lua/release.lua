@@ -13,12 +13,15 @@
 -- ARGV[6] user id (optional): the backend's undo of a reserve whose outcome it
 --         does not know. With no record, a tombstone "F|0|user||reason" is
 --         written, which a reserve.lua of this order id arriving later refuses
---         ("undone"); the undo then answers "released" too.
+--         ("undone"); the undo then answers "released" too. And a P record
+--         marked adopted ("a": a keyed replay publishes it) is left alone:
+--         "taken" — a client was or will be answered 202 with that order id.
 --
 -- Returns {"released"} | {"claimed"} | {"queued"} | {"confirmed"} | {"failed"} | {"missing"}
--- (all but the first: nothing changed, the state the order is in; "queued":
--- pending, but the broker confirmed a message of it — another request of the
--- same key published it — so a worker will decide it, as after a claim). A repeat of a
+-- | {"taken"} (all but the first: nothing changed, the state the order is in;
+-- "queued": pending, but the broker confirmed a message of it — another
+-- request of the same key published it — so a worker will decide it, as
+-- after a claim; "taken": the backend's undo met a record a replay adopted). A repeat of a
 -- release that already happened with the same reason answers "released" again,
 -- so a caller whose first reply was lost (a timeout) may simply retry.
 
@@ -42,6 +45,9 @@ elseif state == 'K' then
   return {'confirmed'}
 elseif state == 'F' then
   return {'failed'}
+end
+if ARGV[6] and ARGV[6] ~= '' and reason == 'a' then
+  return {'taken'}
 end
 qty = tonumber(qty)
 if redis.call('EXISTS', KEYS[1]) == 1 then

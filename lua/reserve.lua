@@ -25,7 +25,10 @@
 --   {"replay", order_id, state, qty, deadline_ms, queued}
 --                                            the key was used before; nothing reserved.
 --                                            queued is 1 once the broker confirmed its message
---                                            (record field 5 = "q" while P or C)
+--                                            (record field 5 = "q" while P or C); a P record
+--                                            not queued is marked adopted (field 5 = "a"): the
+--                                            replay publishes it, and the backend's undo of the
+--                                            attempt that reserved it answers "taken"
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
 --   {"unsure"}                               a key Redis does not know, while recovering:
 --                                            it may belong to an order still in the queue
@@ -64,6 +67,10 @@ if key ~= '' then
       local queued = 0
       if reason == 'q' and (state == 'P' or state == 'C') then
         queued = 1
+      elseif state == 'P' and reason == '' then
+        -- Adopted: this replay publishes the order itself, so the undo of
+        -- the attempt that reserved it may no longer release it.
+        redis.call('HSET', KEYS[4], prior, rec .. 'a')
       end
       return {'replay', prior, state, tonumber(qty), tonumber(deadline) or 0, queued}
     end

@@ -247,6 +247,7 @@ func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *r
 	s := sweep.New(sweep.Config{
 		Interval:     cfg.Worker.SweepInterval.Duration,
 		Grace:        cfg.Worker.RepublishAfter.Duration,
+		QueuedGrace:  cfg.Worker.QueuedExpireAfter.Duration,
 		QueryTimeout: cfg.MySQL.QueryTimeout.Duration,
 		Instance:     instanceName(),
 	}, rdb, sales, db, log)

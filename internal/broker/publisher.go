@@ -34,6 +34,25 @@ var (
 	ErrDuplicate      = errors.New("message id already in flight")
 )
 
+// MayHaveArrived reports whether a failed publish may still put its message
+// in the queue: the frame may have been written (a confirm timeout — the
+// write itself may finish after the caller gave up —, a connection lost
+// after the write, an unknown error, or a copy of the same id in flight).
+// False only where the broker certainly holds no copy from this call: a nack
+// or return (the broker refused it), or nothing was written (not connected,
+// blocked, closed). The caller of a publish that may have arrived must make
+// its refusal durable (MySQL) before it answers "nothing kept".
+func MayHaveArrived(err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, ErrNacked), errors.Is(err, ErrReturned), errors.Is(err, ErrNotConnected),
+		errors.Is(err, ErrBlocked), errors.Is(err, ErrClosed):
+		return false
+	}
+	return true
+}
+
 // returnsBuffer is the capacity of each channel's basic.return buffer. amqp091
 // hands a return to its listener with a blocking send bounded by 5 s on the
 // connection's reader goroutine; returns are drained by every waiter that
@@ -501,8 +520,7 @@ func (p *Publisher) publish(ctx context.Context, id string, body []byte) error {
 		dc, err = w.dc, w.err
 	case <-ctx.Done():
 		// The frame may still be written later: a message whose publisher
-		// gave up, which the caller's compensation (release.lua versus
-		// claim.lua) already tolerates.
+		// gave up (MayHaveArrived: the caller records its refusal in MySQL).
 		pc.forget(id)
 		return ErrConfirmTimeout
 	}
@@ -517,7 +535,8 @@ func (p *Publisher) publish(ctx context.Context, id string, body []byte) error {
 	if dc == nil {
 		// Only a channel not in confirm mode gives no confirmation.
 		pc.forget(id)
-		return fmt.Errorf("%w: channel not in confirm mode", ErrNotConnected)
+		// The frame was written: not ErrNotConnected (MayHaveArrived).
+		return errors.New("channel not in confirm mode")
 	}
 	select {
 	case <-dc.Done():

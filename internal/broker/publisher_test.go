@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -490,4 +491,75 @@ func counter(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestTimedOutPublishArrivalsAreMarkedMayHaveArrived: a publish that timed
+// out while its socket write was stalled still reaches the queue once the
+// socket drains (the write finishes after its caller gave up). Every such
+// arrival must belong to a publish whose error says so (MayHaveArrived), so
+// that its caller records the refusal durably before it answers 503; no
+// message may arrive for a publish reported as certainly not written.
+func TestTimedOutPublishArrivalsAreMarkedMayHaveArrived(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	c := f.dial.last()
+	c.stallWrites()
+	errOf := map[string]error{}
+	for range 3 {
+		o := order(5)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		err := f.pub.Publish(ctx, o)
+		cancel()
+		if err == nil {
+			t.Fatal("a publish succeeded on a stalled socket")
+		}
+		errOf[o.OrderID] = err
+	}
+	c.resumeWrites()
+	last := order(5)
+	if err := f.pub.Publish(context.Background(), last); err != nil {
+		t.Fatalf("publish after the stall: %v", err)
+	}
+	errOf[last.OrderID] = nil
+	late := 0
+	for {
+		d, ok, err := f.ch.Get(f.cfg.Topology.Queue, true)
+		servicetest.Must(t, err, "get")
+		if !ok {
+			break
+		}
+		err, known := errOf[d.MessageId]
+		switch {
+		case !known:
+			t.Errorf("message %s of no publish", d.MessageId)
+		case err != nil && !MayHaveArrived(err):
+			t.Errorf("message %s arrived although its publish answered %v (MayHaveArrived false)", d.MessageId, err)
+		case err != nil:
+			late++
+		}
+	}
+	t.Logf("%d of 3 timed-out publishes arrived later", late)
+}
+
+func TestMayHaveArrived(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{ErrConfirmTimeout, true},
+		{ErrConnectionLost, true},
+		{ErrDuplicate, true},
+		{errors.New("something else"), true},
+		{fmt.Errorf("publish x: %w", ErrConfirmTimeout), true},
+		{ErrNacked, false},
+		{ErrReturned, false},
+		{ErrNotConnected, false},
+		{fmt.Errorf("publish x: %w", ErrBlocked), false},
+		{ErrClosed, false},
+	} {
+		if got := MayHaveArrived(tc.err); got != tc.want {
+			t.Errorf("MayHaveArrived(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
 }

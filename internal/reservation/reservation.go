@@ -226,6 +226,9 @@ const (
 	AlreadyConfirmed  ReleaseOutcome = "confirmed"
 	AlreadyFailed     ReleaseOutcome = "failed"
 	ReservationAbsent ReleaseOutcome = "missing"
+	// Taken (Undo only): a keyed replay adopted the order, or the broker
+	// confirmed a copy of its message; nothing changed.
+	Taken ReleaseOutcome = "taken"
 )
 
 // Release gives a still-pending reservation back and marks it failed with reason.
@@ -437,11 +440,17 @@ type Record struct {
 	// Queued (P or C): the broker confirmed the order's message, which is
 	// then safe in the queue.
 	Queued bool
+	// Adopted (P or C, not yet queued): a keyed replay publishes the order
+	// (lua/reserve.lua); the undo of the attempt that reserved it refuses.
+	Adopted bool
 }
 
 // queuedMark is field 5 of an open (P or C) record whose message the broker
-// confirmed (lua/queued.lua).
-const queuedMark = "q"
+// confirmed (lua/queued.lua); adoptedMark that of one a replay publishes.
+const (
+	queuedMark  = "q"
+	adoptedMark = "a"
+)
 
 // ParseRecord decodes "state|qty|user|deadline_ms|reason".
 func ParseRecord(orderID, raw string) (Record, error) {
@@ -455,7 +464,7 @@ func ParseRecord(orderID, raw string) (Record, error) {
 	}
 	rec := Record{OrderID: orderID, State: State(parts[0][0]), Quantity: q, UserID: parts[2], Reason: parts[4]}
 	if rec.State == Pending || rec.State == Claimed {
-		rec.Queued, rec.Reason = rec.Reason == queuedMark, ""
+		rec.Queued, rec.Adopted, rec.Reason = rec.Reason == queuedMark, rec.Reason == adoptedMark, ""
 	}
 	if parts[3] != "" {
 		ms, err := strconv.ParseInt(parts[3], 10, 64)

@@ -231,8 +231,19 @@ func TestReserveIdempotentReplay(t *testing.T) {
 			t.Errorf("replay qty %d = %+v, want %+v", qty, r, want)
 		}
 	}
+	// The one write of a replay: the pending record is marked adopted (the
+	// replay publishes it; the first attempt's undo may no longer release it).
+	k := st.Keys(id)
+	orders := before[k.Orders].(map[string]string)
+	orders[first.OrderID] += "a"
 	if after := snapshot(t, rdb, prefix); !reflect.DeepEqual(before, after) {
-		t.Error("a replay wrote to Redis")
+		t.Errorf("a replay wrote more than the adopted mark to Redis:\n%v\n%v", before, after)
+	}
+	if rec, _, err := st.Order(context.Background(), id, first.OrderID); err != nil || !rec.Adopted || rec.Queued || rec.Reason != "" {
+		t.Errorf("replayed record = %+v %v, want adopted", rec, err)
+	}
+	if out, err := st.Undo(context.Background(), id, first.OrderID, "reserve_failed", "u", "key"); err != nil || out != reservation.Taken {
+		t.Errorf("undo of an adopted record = %s %v, want taken", out, err)
 	}
 	// The key is per user: another user's same key is a new purchase.
 	if r := reserve(t, st, id, "v", "key", 1); r.Outcome != reservation.Reserved || r.OrderID == first.OrderID {

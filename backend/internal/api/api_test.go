@@ -540,9 +540,11 @@ func TestReleaseVersusClaimThroughBackend(t *testing.T) {
 	s := newStack(t, time.Minute)
 	const id = 8
 	s.openSale(t, id, 5, 1)
-	lost := errors.New("confirm lost")
+	lost := errors.New("confirm lost") // may have arrived: MySQL decides
+	nacked := fmt.Errorf("publish: %w", broker.ErrNacked)
 
-	// A worker claims the order before the backend learns its publish failed.
+	// A worker committed the order before the backend learns that the
+	// outcome of its publish is unknown: the worker's row answers, 202.
 	s.pub.hook = func(o ordermsg.Order, err error) error {
 		if err != nil {
 			return err
@@ -550,9 +552,48 @@ func TestReleaseVersusClaimThroughBackend(t *testing.T) {
 		if _, cerr := s.store.Claim(context.Background(), o.ActivityID, []string{o.OrderID}); cerr != nil {
 			return cerr
 		}
+		if _, ierr := s.db.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES (?,?,?,?, 'confirmed')`,
+			o.OrderID, o.ActivityID, o.UserID, o.Quantity); ierr != nil {
+			return ierr
+		}
 		return lost
 	}
 	r := s.buy(t, id, "a", "", "")
+	if r.status != 202 || r.body["status"] != "confirmed" {
+		t.Fatalf("committed by a worker before the refusal: %d %s, want 202 confirmed", r.status, r.raw)
+	}
+
+	// A worker only claimed it: the refusal in MySQL comes first (503), and
+	// the worker's insert then finds the failed row.
+	var refused string
+	s.pub.hook = func(o ordermsg.Order, err error) error {
+		if err != nil {
+			return err
+		}
+		refused = o.OrderID
+		_, cerr := s.store.Claim(context.Background(), o.ActivityID, []string{o.OrderID})
+		return errors.Join(cerr, lost)
+	}
+	r = s.buy(t, id, "c", "", "")
+	if r.status != 503 {
+		t.Fatalf("claimed, not committed: %d %s, want 503", r.status, r.raw)
+	}
+	var status, reason string
+	servicetest.Must(t, s.db.QueryRow(`SELECT status, reason FROM orders WHERE order_id = ?`, refused).Scan(&status, &reason), "refusal row")
+	if status != "failed" || reason != "publish_failed" {
+		t.Errorf("refused order in MySQL: %s %s, want failed publish_failed", status, reason)
+	}
+
+	// A nack (nothing queued from this publish) after a claim: release.lua
+	// answers claimed, the worker decides: 202.
+	s.pub.hook = func(o ordermsg.Order, err error) error {
+		if err != nil {
+			return err
+		}
+		_, cerr := s.store.Claim(context.Background(), o.ActivityID, []string{o.OrderID})
+		return errors.Join(cerr, nacked)
+	}
+	r = s.buy(t, id, "d", "", "")
 	if r.status != 202 {
 		t.Fatalf("claimed before release: %d %s, want 202", r.status, r.raw)
 	}
@@ -562,14 +603,10 @@ func TestReleaseVersusClaimThroughBackend(t *testing.T) {
 	if rec.State != reservation.Claimed {
 		t.Errorf("record state %s, want C (never released)", rec.State)
 	}
-	s.settle(t, id, oid, true)
-	if o := s.do(t, "GET", "/api/v1/orders/"+oid, "", nil); o.body["status"] != "confirmed" {
-		t.Errorf("order: %s", o.raw)
-	}
 
 	// The release comes first: the worker's later claim finds F.
 	var released string
-	s.pub.hook = func(o ordermsg.Order, err error) error { released = o.OrderID; return lost }
+	s.pub.hook = func(o ordermsg.Order, err error) error { released = o.OrderID; return nacked }
 	r = s.buy(t, id, "b", "", "")
 	if r.status != 503 {
 		t.Fatalf("release first: %d %s, want 503", r.status, r.raw)

@@ -37,7 +37,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		purchases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "seckill_backend", Name: "publish_outcomes_total",
-			Help: "Reserved purchases by what followed the publish: accepted, queued_mark_failed (accepted; the record was not marked queued), released (503), failed_in_mysql (undo failed, MySQL recorded it failed: 503), accepted_claimed (publish failed, a worker had it), accepted_unsettled (undo and MySQL failed; the sweeper settles), adopted (a replay published an unconfirmed order), adopted_in_flight (its first request is still publishing it).",
+			Help: "Reserved purchases by what followed the publish: accepted, adopted (a replay published an unconfirmed order), adopted_in_flight (its first request is still publishing it), queued_mark_failed (accepted; the queued mark is retried in the background: queued_mark_gave_up, queued_mark_skipped), released (nothing queued, undone: 503), released_later (nothing queued, Redis down: 503, undone in the background), failed_in_mysql (the message may have arrived: refused in MySQL first, 503), accepted_claimed (a worker or a replay had it: 202), accepted_unsettled (the message may have arrived and MySQL is unreachable: 202, a worker or the sweeper decides)",
 		}, []string{"outcome"}),
 		rebuilds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "seckill_backend", Name: "rebuilds_total",

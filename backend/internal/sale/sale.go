@@ -169,7 +169,7 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	}
 	switch res.Outcome {
 	case reservation.Reserved:
-		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline))
+		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline), false)
 	case reservation.Unsure:
 		return s.keyOrder(ctx, r)
 	case reservation.Replay:
@@ -287,12 +287,49 @@ const (
 // expires it: it never re-publishes a reservation whose message the broker
 // did not confirm, so the 503 keeps nothing either way).
 func (s *Service) undoLater(r PurchaseRequest, orderID, reason string, deadline time.Time) {
+	s.later(deadline, s.m.undone, func() error {
+		out, err := s.undoOnce(r, orderID, reason)
+		if err != nil {
+			return err
+		}
+		s.m.undone(string(out))
+		if out != reservation.Released {
+			// A keyed retry adopted the reservation and published it:
+			// the key's answer is that order, not this 503.
+			s.log.Info("undo found the order taken over", "order_id", orderID, "state", out)
+		}
+		return nil
+	}, func(err error) {
+		s.log.Warn("undo of a failed reserve gave up at its deadline; the sweeper expires it",
+			"order_id", orderID, "err", err)
+	})
+}
+
+// markLater retries marking a confirmed order queued in the background
+// until Redis answers or the deadline passes (after it, the sweeper would
+// find the order unmarked; the worker outage that lets it get there is
+// long).
+func (s *Service) markLater(activityID int64, orderID string, deadline time.Time) {
+	s.later(deadline, func(r string) { s.m.purchased("queued_mark_" + r) }, func() error {
+		rctx, cancel := context.WithTimeout(context.Background(), s.cfg.RedisTimeout)
+		defer cancel()
+		_, err := s.store.MarkQueued(rctx, activityID, orderID)
+		return err
+	}, func(err error) {
+		s.log.Warn("queued mark gave up at the order's deadline", "order_id", orderID, "err", err)
+	})
+}
+
+// later runs once in the background until it returns nil, with back-off,
+// giving up at deadline or Close; at most maxUndos run at once (beyond,
+// the sweeper is left to act). count gets "skipped" and "gave_up".
+func (s *Service) later(deadline time.Time, count func(string), once func() error, gaveUp func(error)) {
 	select {
 	case s.undoSlots <- struct{}{}:
 	default:
 		// Redis is down for many requests at once: leave the rest to the
 		// sweeper rather than pile up retries for its return.
-		s.m.undone("skipped")
+		count("skipped")
 		return
 	}
 	s.bg.Add(1)
@@ -300,25 +337,18 @@ func (s *Service) undoLater(r PurchaseRequest, orderID, reason string, deadline 
 		defer func() { <-s.undoSlots; s.bg.Done() }()
 		wait := s.cfg.RedisTimeout / 4
 		for {
-			out, err := s.undoOnce(r, orderID, reason)
+			err := once()
 			if err == nil {
-				s.m.undone(string(out))
-				if out != reservation.Released {
-					// A keyed retry adopted the reservation and published it:
-					// the key's answer is that order, not this 503.
-					s.log.Info("undo found the order taken over", "order_id", orderID, "state", out)
-				}
 				return
 			}
 			if !time.Now().Add(wait).Before(deadline) {
-				s.m.undone("gave_up")
-				s.log.Warn("undo of a failed reserve gave up at its deadline; the sweeper expires it",
-					"order_id", orderID, "err", err)
+				count("gave_up")
+				gaveUp(err)
 				return
 			}
 			select {
 			case <-s.stop:
-				s.m.undone("gave_up")
+				count("gave_up")
 				return
 			case <-time.After(wait):
 			}
@@ -353,54 +383,57 @@ func (s *Service) orderOf(r PurchaseRequest, orderID string, qty int64, deadline
 }
 
 // publish hands a reservation to the broker. Confirmed: the record is marked
-// queued (the sweeper then never expires it) and the answer is 202. Any
-// failure: the undo (release.lua) decides atomically against the worker's
-// claim.lua — released (nothing kept: 503), or a worker already has it (202).
-// When Redis gives no answer either, MySQL arbitrates: a failed row inserted
-// first means no worker can ever confirm the order (503); a row already there
-// is the worker's decision (202).
-func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Order) (PurchaseResult, error) {
+// queued (the sweeper then never expires it) and the answer is 202. A failure
+// after which the message may still reach the queue (a confirm timeout, a
+// connection lost after the write: broker.MayHaveArrived) is refused in MySQL
+// first — a failed row no worker can confirm over, which survives a Redis
+// loss — and answered 503 only if that insert won; Redis is then given back
+// best effort. A failure that put nothing in the queue (a nack, not
+// connected) is undone in Redis (release.lua decides against the worker's
+// claim.lua) and answered 503, also when Redis does not answer: nobody
+// publishes the order, the background undo or the sweeper releases it.
+//
+// replay (see adopt): the order was reserved by an earlier attempt of the
+// same key whose outcome this call does not know; it is never undone in
+// Redis with the key (the key may have been answered with this order): any
+// failure is decided in MySQL.
+func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Order, replay bool) (PurchaseResult, error) {
 	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
 	perr := s.pub.Publish(pctx, o)
 	cancel()
 	accepted := func(status string) (PurchaseResult, error) {
-		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status}, nil
+		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: replay}, nil
 	}
 	if perr == nil {
-		s.m.purchased("accepted")
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
-		if _, err := s.store.MarkQueued(rctx, r.ActivityID, o.OrderID); err != nil {
-			// The order is safe in the queue; only a worker outage longer
-			// than its deadline would now let the sweeper expire it.
-			s.m.purchased("queued_mark_failed")
+		if replay {
+			s.m.purchased("adopted")
+		} else {
+			s.m.purchased("accepted")
 		}
-		cancel()
+		return accepted(s.markQueued(ctx, r, o))
+	}
+	if replay && errors.Is(perr, broker.ErrDuplicate) {
+		// The first request of the key, in this process, still waits for
+		// its confirm: it decides the order.
+		s.m.purchased("adopted_in_flight")
 		return accepted("pending")
+	}
+	if replay || broker.MayHaveArrived(perr) {
+		return s.refuse(ctx, r, o, perr, replay)
 	}
 	out, rerr := s.release(ctx, r, o.OrderID, reasonPublishFailed, releaseTries)
 	if rerr != nil {
-		status, err := s.failInMySQL(ctx, o, reasonPublishFailed)
-		switch {
-		case err != nil:
-			// Unknown everywhere: the message may be queued. The sweeper
-			// expires the reservation (INSERT IGNORE against the worker's
-			// insert), so the order ends confirmed or failed: a 202.
-			s.m.purchased("accepted_unsettled")
-			s.log.Warn("publish failed, undo and MySQL failed; the sweeper settles the order",
-				"order_id", o.OrderID, "publish_err", perr, "release_err", rerr, "mysql_err", err)
-			return accepted("pending")
-		case status == "":
-			s.m.purchased("failed_in_mysql")
-			return PurchaseResult{}, fmt.Errorf("%w: %v (order recorded failed in MySQL)", ErrUnavailable, perr)
-		}
-		s.m.purchased("accepted_claimed")
-		return accepted(status)
+		// Nothing is queued for this order id: answering 503 keeps nothing.
+		s.undoLater(r, o.OrderID, reasonPublishFailed, time.UnixMilli(o.Deadline))
+		s.m.purchased("released_later")
+		return PurchaseResult{}, fmt.Errorf("%w: %v (nothing queued; released in the background)", ErrUnavailable, perr)
 	}
 	switch out {
 	case reservation.Released:
 		s.m.purchased("released")
 		return PurchaseResult{}, fmt.Errorf("%w: %v (reservation released)", ErrUnavailable, perr)
-	case reservation.AlreadyClaimed, reservation.AlreadyQueued:
+	case reservation.Taken, reservation.AlreadyClaimed, reservation.AlreadyQueued:
+		// A keyed replay publishes it (or a copy is queued already).
 		s.m.purchased("accepted_claimed")
 		return accepted("pending")
 	case reservation.AlreadyConfirmed:
@@ -412,42 +445,73 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Ord
 }
 
 // adopt publishes an order reserved by an earlier request of the same key
-// whose message the broker never confirmed. It never undoes the order in
-// Redis: that would unbind a key another request may have answered 202 for.
-// When the publish fails, MySQL decides: a failed row inserted first → no
-// worker can confirm it (503, the key keeps naming it); a row there → 202
-// with its status. The same message in flight from this process (the first
-// request still waits for its confirm) is left to that request: 202.
+// whose message the broker never confirmed (reserve.lua marked it adopted,
+// so that request's undo no longer releases it). It never undoes the order
+// in Redis with the key: a failed publish is decided in MySQL (a failed row
+// inserted first: 503, the key keeps naming the order; a row there: 202
+// with its status).
 func (s *Service) adopt(ctx context.Context, r PurchaseRequest, o ordermsg.Order) (PurchaseResult, error) {
-	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	perr := s.pub.Publish(pctx, o)
-	cancel()
+	return s.publish(ctx, r, o, true)
+}
+
+// markQueued notes that the broker confirmed o, and returns the status the
+// 202 reports. A record that could not be marked because it is settled
+// already is answered as it is; a mark that failed is retried in the
+// background (an unmarked queued order would be expired by the sweeper
+// after a long worker outage).
+func (s *Service) markQueued(ctx context.Context, r PurchaseRequest, o ordermsg.Order) string {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+	defer cancel()
+	marked, err := s.store.MarkQueued(rctx, r.ActivityID, o.OrderID)
+	if err != nil {
+		s.m.purchased("queued_mark_failed")
+		s.markLater(r.ActivityID, o.OrderID, time.UnixMilli(o.Deadline))
+		return "pending"
+	}
+	if marked {
+		return "pending"
+	}
+	// Settled meanwhile (a worker was quick, or a replay's failed publish
+	// refused it) or lost with Redis (the queued message writes it).
+	rec, found, err := s.store.Order(rctx, r.ActivityID, o.OrderID)
+	if err != nil || !found {
+		return "pending"
+	}
+	return rec.State.Public()
+}
+
+// refuse settles a publish that may still arrive: MySQL's failed row first
+// (503 only if this call inserted it), then Redis best effort. Without
+// MySQL the outcome stays open: the reservation is kept and the answer is
+// 202 — the message, if queued, is written by a worker; if not, the sweeper
+// expires the order (INSERT IGNORE): confirmed or failed either way.
+func (s *Service) refuse(ctx context.Context, r PurchaseRequest, o ordermsg.Order, perr error, replay bool) (PurchaseResult, error) {
 	accepted := func(status string) (PurchaseResult, error) {
-		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: true}, nil
-	}
-	if perr == nil {
-		s.m.purchased("adopted")
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
-		if _, err := s.store.MarkQueued(rctx, r.ActivityID, o.OrderID); err != nil {
-			s.m.purchased("queued_mark_failed")
-		}
-		cancel()
-		return accepted("pending")
-	}
-	if errors.Is(perr, broker.ErrDuplicate) {
-		s.m.purchased("adopted_in_flight")
-		return accepted("pending")
+		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: replay}, nil
 	}
 	status, err := s.failInMySQL(ctx, o, reasonPublishFailed)
 	switch {
 	case err != nil:
 		s.m.purchased("accepted_unsettled")
+		s.log.Warn("publish outcome unknown and MySQL unreachable; the order is kept for a worker or the sweeper",
+			"order_id", o.OrderID, "publish_err", perr, "mysql_err", err)
 		return accepted("pending")
-	case status == "":
-		s.m.purchased("failed_in_mysql")
-		return PurchaseResult{}, fmt.Errorf("%w: %v (adopted order recorded failed in MySQL)", ErrUnavailable, perr)
+	case status != "":
+		s.m.purchased("accepted_claimed")
+		return accepted(status)
 	}
-	return accepted(status)
+	s.m.purchased("failed_in_mysql")
+	if replay {
+		// Not Undo: the key stays with this order, which is failed now.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+		if _, err := s.store.Release(rctx, r.ActivityID, o.OrderID, reasonPublishFailed); err != nil {
+			s.log.Debug("release of a refused replay failed; the sweeper settles it from MySQL", "order_id", o.OrderID, "err", err)
+		}
+		cancel()
+	} else if _, err := s.release(ctx, r, o.OrderID, reasonPublishFailed, releaseTries); err != nil {
+		s.undoLater(r, o.OrderID, reasonPublishFailed, time.UnixMilli(o.Deadline))
+	}
+	return PurchaseResult{}, fmt.Errorf("%w: %v (order recorded failed in MySQL)", ErrUnavailable, perr)
 }
 
 // failInMySQL records an order failed with reason unless MySQL holds it

@@ -43,14 +43,23 @@ type Crowd struct {
 	// Prepare, when set, edits each purchase request after its headers are
 	// set (e.g. a bearer token for the proxy's JWT identity).
 	Prepare func(req *http.Request, a *Attempt)
+	// Resend, when n > 0, makes every n-th keyed attempt send its key once
+	// more after its final answer (202 or 503), as a client that lost the
+	// answer or retries later would: a replay must name the same order (the
+	// verifier's ledger checks every 202 of a key). Re-sends are appended
+	// to Attempts when Run returns.
+	Resend int
 
-	done atomic.Int64
+	done   atomic.Int64
+	mu     sync.Mutex
+	resent []*Attempt
 }
 
 // NewCrowd makes users × perUser attempts, every fourth user asking for the
-// limit at first, some retrying an earlier Idempotency-Key, shuffled.
+// limit at first, some retrying an earlier Idempotency-Key, shuffled; every
+// fourth keyed attempt re-sends its key after its answer (Resend).
 func NewCrowd(sale Sale, users, perUser int, tag string) *Crowd {
-	c := &Crowd{Sale: sale, Retries: 8}
+	c := &Crowd{Sale: sale, Retries: 8, Resend: 4}
 	for u := range users {
 		user := fmt.Sprintf("%s-user-%04d", tag, u)
 		for k := range perUser {
@@ -71,10 +80,11 @@ func (c *Crowd) Done() int { return int(c.done.Load()) }
 // Run fires the attempts at the backends (round robin) and returns when all
 // are answered.
 func (c *Crowd) Run(s *Stack, backends []*Proc) {
-	c.run(s.HTTP, backends, c.Attempts)
+	c.Attempts = append(c.Attempts, c.run(s.HTTP, backends, c.Attempts)...)
 }
 
-func (c *Crowd) run(client *http.Client, backends []*Proc, attempts []*Attempt) {
+// run answers attempts and returns the re-sends it made (Resend).
+func (c *Crowd) run(client *http.Client, backends []*Proc, attempts []*Attempt) []*Attempt {
 	workers := c.Workers
 	if workers == 0 {
 		workers = 64
@@ -91,8 +101,17 @@ func (c *Crowd) run(client *http.Client, backends []*Proc, attempts []*Attempt) 
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				c.attempt(client, backends, i, attempts[i])
+				a := attempts[i]
+				c.attempt(client, backends, i, a)
 				c.done.Add(1)
+				if c.Resend > 0 && i%c.Resend == 0 && a.Key != "" &&
+					(a.Status == http.StatusAccepted || a.Status == http.StatusServiceUnavailable) {
+					re := &Attempt{User: a.User, Key: a.Key, Qty: a.Qty}
+					c.attempt(client, backends, i+1, re)
+					c.mu.Lock()
+					c.resent = append(c.resent, re)
+					c.mu.Unlock()
+				}
 			}
 		}()
 	}
@@ -106,6 +125,11 @@ func (c *Crowd) run(client *http.Client, backends []*Proc, attempts []*Attempt) 
 	}
 	close(work)
 	wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.resent
+	c.resent = nil
+	return out
 }
 
 func (c *Crowd) attempt(client *http.Client, backends []*Proc, i int, a *Attempt) {

@@ -54,7 +54,7 @@ func (s *Stack) MopUp(t testing.TB, sale Sale, crowd *Crowd) {
 			more = append(more, &Attempt{User: u, Key: u, Qty: 1})
 		}
 		mc := &Crowd{Sale: sale, Retries: crowd.Retries, Workers: 16}
-		mc.run(s.HTTP, s.liveBackends(), more)
+		more = append(more, mc.run(s.HTTP, s.liveBackends(), more)...)
 		crowd.Attempts = append(crowd.Attempts, more...)
 		s.Drain(t, sale, crowd.Accepted())
 	}

@@ -80,6 +80,8 @@ type Reservations interface {
 // Writer is what the consumer needs of MySQL (*store.Store).
 type Writer interface {
 	Write(ctx context.Context, activityID int64, orders []store.Order) ([]store.Outcome, error)
+	// Fail records one order failed with reason (see store.Store.Fail).
+	Fail(ctx context.Context, o ordermsg.Order, reason string) (store.Outcome, error)
 }
 
 // Consumer is one worker process's consuming side.
@@ -310,8 +312,8 @@ type group struct {
 	tags       []uint64
 	orders     []store.Order
 	outcomes   []store.Outcome
-	// rejected[i] is set when MySQL refused order i for good (it is
-	// dead-lettered, and settled failed in Redis).
+	// rejected[i] is set when MySQL refused order i for good, even as a
+	// failed row: it is dead-lettered, and settled failed in Redis.
 	rejected map[int]error
 }
 
@@ -329,8 +331,10 @@ func (g *group) written() []uint64 {
 	return out
 }
 
-// ReasonRejected is the failure reason, in Redis, of an order MySQL refused
-// for good; its message is dead-lettered with MySQL's error.
+// ReasonRejected is the failure reason of an order MySQL refused to write
+// for good: stored as a failed row (the truth, which survives Redis); only
+// when MySQL refuses even that is the message dead-lettered with MySQL's
+// error, and the order failed in Redis alone.
 const ReasonRejected = "rejected"
 
 // permanentTries bounds the tries of a group whose write MySQL refuses with
@@ -496,9 +500,10 @@ func (c *Consumer) write(ctx context.Context, g *group) error {
 }
 
 // isolate writes the orders of a group MySQL refused one by one; each one
-// refused for good is marked rejected (and settled failed in Redis), the
-// rest are written as usual. It returns the group with every outcome and
-// the indexes of the rejected orders.
+// refused for good is recorded failed ("rejected") in MySQL, or, when MySQL
+// refuses that row too, marked rejected (dead-lettered, settled failed in
+// Redis); the rest are written as usual. It returns the group with every
+// outcome and the indexes of the orders to dead-letter.
 func (c *Consumer) isolate(ctx context.Context, g *group) (*group, []int, error) {
 	g.outcomes = make([]store.Outcome, len(g.orders))
 	g.rejected = map[int]error{}
@@ -510,16 +515,49 @@ func (c *Consumer) isolate(ctx context.Context, g *group) (*group, []int, error)
 		case err == nil:
 			g.outcomes[i] = one.outcomes[0]
 		case errors.Is(err, errPermanent):
-			g.rejected[i] = err
+			out, ferr := c.fail(ctx, o.Order, ReasonRejected)
+			if ferr == nil {
+				g.outcomes[i] = out
+				c.m.Orders.WithLabelValues(ReasonRejected).Inc()
+				c.log.Error("order rejected by MySQL for good; recorded failed", "order_id", o.OrderID, "err", err)
+				continue
+			}
+			if !errors.Is(ferr, errPermanent) {
+				return g, nil, ferr
+			}
+			g.rejected[i] = fmt.Errorf("%w; the failed row too: %v", err, ferr)
 			dead = append(dead, i)
 			g.outcomes[i] = store.Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity, Reason: ReasonRejected}
 			c.m.Orders.WithLabelValues(ReasonRejected).Inc()
-			c.log.Error("order rejected by MySQL for good; dead-lettered", "order_id", o.OrderID, "err", err)
+			c.log.Error("order rejected by MySQL for good, even as a failed row; dead-lettered", "order_id", o.OrderID, "err", g.rejected[i])
 		default:
 			return g, nil, err
 		}
 	}
 	return g, dead, nil
+}
+
+// fail records o failed with reason in MySQL, retrying with back-off while
+// MySQL fails transiently; errPermanent when MySQL refuses the row, ctx's
+// error when ctx ended first.
+func (c *Consumer) fail(ctx context.Context, o ordermsg.Order, reason string) (store.Outcome, error) {
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
+	for {
+		out, err := c.w.Fail(ctx, o, reason)
+		if err == nil {
+			return out, nil
+		}
+		if store.Permanent(err) {
+			return store.Outcome{}, fmt.Errorf("%w: %v", errPermanent, err)
+		}
+		if ctx.Err() != nil {
+			return store.Outcome{}, ctx.Err()
+		}
+		c.m.Retries.WithLabelValues(workermetrics.CauseMySQL).Inc()
+		if !backoff.Sleep(ctx, bo.Next()) {
+			return store.Outcome{}, ctx.Err()
+		}
+	}
 }
 
 // settle applies a committed group's outcomes to Redis, retrying while Redis

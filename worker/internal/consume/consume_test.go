@@ -177,6 +177,10 @@ func (g *gate) Write(ctx context.Context, id int64, orders []store.Order) ([]sto
 	return g.w.Write(ctx, id, orders)
 }
 
+func (g *gate) Fail(ctx context.Context, o ordermsg.Order, reason string) (store.Outcome, error) {
+	return g.w.Fail(ctx, o, reason)
+}
+
 // A shutdown that begins while a batch is being written finishes it: the
 // batch is committed, acked and settled; deliveries not yet in hand are left
 // unacked for another worker.
@@ -327,18 +331,22 @@ func TestConsumeReconnectsAfterDroppedConnection(t *testing.T) {
 	s.checkSettled(8, orders)
 }
 
-// A row MySQL rejects for good (here a CHECK constraint the test adds) is
-// tried a bounded number of times, then dead-lettered once with MySQL's
-// reason and settled failed in Redis; the rest of its batch is confirmed and
-// the channel goes on.
-func TestConsumePermanentMySQLErrorDeadLettersTheRow(t *testing.T) {
+// An order MySQL rejects for good (here CHECK constraints the test adds) is
+// tried a bounded number of times, then recorded failed ("rejected") in
+// MySQL — the truth, which outlives Redis — and settled failed in Redis; only
+// an order whose failed row MySQL refuses too is dead-lettered, once, with
+// MySQL's reason. The rest of the batch is confirmed and the channel goes on.
+func TestConsumePermanentMySQLErrorRecordsTheOrderFailed(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	s.sale(4, 10, 1)
-	_, err := s.db.Exec(`ALTER TABLE orders ADD CONSTRAINT no_poison CHECK (user_id <> 'poison')`)
+	// poison: MySQL refuses to confirm it; toxic: MySQL refuses any row of it.
+	_, err := s.db.Exec(`ALTER TABLE orders ADD CONSTRAINT no_poison CHECK (status <> 'confirmed' OR user_id <> 'poison')`)
+	servicetest.Must(t, err, "add constraint")
+	_, err = s.db.Exec(`ALTER TABLE orders ADD CONSTRAINT no_toxic CHECK (user_id <> 'toxic')`)
 	servicetest.Must(t, err, "add constraint")
 	var orders []ordermsg.Order
-	for _, u := range []string{"ann", "bob", "poison", "cat", "dan"} {
+	for _, u := range []string{"ann", "bob", "poison", "cat", "toxic", "dan"} {
 		orders = append(orders, s.reserve(4, u, 1))
 	}
 	s.publishOrders(orders...)
@@ -346,8 +354,8 @@ func TestConsumePermanentMySQLErrorDeadLettersTheRow(t *testing.T) {
 	cfg.BatchSize = 10
 	cfg.BatchWait = 200 * time.Millisecond // one batch
 	r := s.start(cfg, nil)
-	waitFor(t, "the batch decided and the rejected row dead-lettered", func() bool {
-		return s.countOrders() == 4 && s.depth(s.topo.DeadQueue) == 1 && s.depth(s.topo.Queue) == 0
+	waitFor(t, "the batch decided and the toxic row dead-lettered", func() bool {
+		return s.countOrders() == 5 && s.depth(s.topo.DeadQueue) == 1 && s.depth(s.topo.Queue) == 0
 	})
 	later := s.reserve(4, "eve", 1)
 	s.publishOrders(later)
@@ -355,30 +363,75 @@ func TestConsumePermanentMySQLErrorDeadLettersTheRow(t *testing.T) {
 	r.shutdown(t)
 	for _, o := range orders {
 		want := "confirmed"
-		if o.UserID == "poison" {
+		switch o.UserID {
+		case "poison":
+			want = "failed"
+		case "toxic":
 			want = ""
 		}
 		if got := s.orderStatus(o.OrderID); got != want {
 			t.Errorf("order of %s: %q, want %q", o.UserID, got, want)
 		}
 	}
+	var reason string
+	servicetest.Must(t, s.db.QueryRow(`SELECT reason FROM orders WHERE order_id = ?`, orders[2].OrderID).Scan(&reason), "reason")
+	if reason != consume.ReasonRejected {
+		t.Errorf("rejected order's reason in MySQL: %q, want %q", reason, consume.ReasonRejected)
+	}
 	d, ok, err := s.pubCh.Get(s.topo.DeadQueue, true)
 	servicetest.Must(t, err, "get dead letter")
-	if !ok || d.MessageId != orders[2].OrderID {
-		t.Fatalf("dead letter %q (found %v), want the poison order", d.MessageId, ok)
+	if !ok || d.MessageId != orders[4].OrderID {
+		t.Fatalf("dead letter %q (found %v), want the toxic order", d.MessageId, ok)
 	}
-	if reason, _ := d.Headers[broker.DeadReasonHeader].(string); !strings.Contains(reason, "no_poison") {
+	if reason, _ := d.Headers[broker.DeadReasonHeader].(string); !strings.Contains(reason, "no_toxic") {
 		t.Errorf("dead-letter reason %q does not name the constraint", reason)
 	}
 	if got := value(r.m.DeadLettered.WithLabelValues(workermetrics.DeadPublished)); got != 1 {
 		t.Errorf("%v dead letters, want 1", got)
 	}
-	rec, found, err := s.res.Order(context.Background(), 4, orders[2].OrderID)
-	servicetest.Must(t, err, "record")
-	if !found || rec.State != reservation.Failed || rec.Reason != consume.ReasonRejected {
-		t.Errorf("rejected order in Redis: %+v (found %v), want failed/rejected", rec, found)
+	for _, o := range []ordermsg.Order{orders[2], orders[4]} {
+		rec, found, err := s.res.Order(context.Background(), 4, o.OrderID)
+		servicetest.Must(t, err, "record")
+		if !found || rec.State != reservation.Failed || rec.Reason != consume.ReasonRejected {
+			t.Errorf("rejected order of %s in Redis: %+v (found %v), want failed/rejected", o.UserID, rec, found)
+		}
 	}
 	if stock, sold := s.stockSold(4); sold != 5 || stock != 5 {
 		t.Errorf("stock %d sold %d, want 5 and 5", stock, sold)
+	}
+}
+
+// The backend answered 503 after a publish whose confirm it never saw (the
+// frame reached the broker): it refused the order in MySQL first (a failed
+// row, "publish_failed") and then released it in Redis. Redis then loses the
+// sale, so the worker's claim answers "?" and only MySQL can stop the queued
+// message from confirming: the 503'd order must stay failed.
+func TestConsumeRefusedOrderStaysFailedAfterRedisLoss(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	rdb, prefix := servicetest.Redis(t)
+	s.res = reservation.New(rdb, prefix)
+	s.sale(41, 10, 1)
+	o := s.reserve(41, "told-503", 1)
+	o.IdempotencyKey = "k"
+	_, err := s.db.Exec(`INSERT IGNORE INTO orders (order_id, activity_id, user_id, quantity, status, reason) VALUES (?, ?, ?, ?, 'failed', 'publish_failed')`,
+		o.OrderID, o.ActivityID, o.UserID, o.Quantity)
+	servicetest.Must(t, err, "refusal")
+	out, err := s.res.Undo(context.Background(), 41, o.OrderID, "publish_failed", o.UserID, "k")
+	servicetest.Must(t, err, "undo")
+	if out != reservation.Released {
+		t.Fatalf("undo: %s", out)
+	}
+	s.publishOrders(o) // the message the broker had all along
+	k := s.res.Keys(41)
+	servicetest.Must(t, rdb.Del(context.Background(), k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys).Err(), "lose Redis")
+	r := s.start(testConfig(s.topo), nil)
+	waitFor(t, "the order decided", func() bool { return s.countOrders() == 1 && s.depth(s.topo.Queue) == 0 })
+	r.shutdown(t)
+	if st := s.orderStatus(o.OrderID); st != "failed" {
+		t.Errorf("order %s was answered 503 (refused in MySQL), yet ended %q after Redis lost the sale", o.OrderID, st)
+	}
+	if _, sold := s.stockSold(41); sold != 0 {
+		t.Errorf("sold %d, want 0", sold)
 	}
 }

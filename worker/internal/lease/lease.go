@@ -21,6 +21,9 @@ type Lease struct {
 	instance string
 	ttl      time.Duration
 	token    int64 // fencing token of the lease held, 0 when not held
+	// until is when the lease held lapses at the latest (local clock, taken
+	// before the call that set or renewed it).
+	until time.Time
 }
 
 // New returns a lease on key for instance, lasting ttl from each renewal.
@@ -44,12 +47,14 @@ return 0`)
 // Acquire takes the lease, or renews it when this instance holds it; it
 // reports whether the lease is held now.
 func (l *Lease) Acquire(ctx context.Context) (bool, error) {
+	asked := time.Now()
 	if l.token != 0 {
 		n, err := renew.Run(ctx, l.rdb, []string{l.key}, l.holder(), l.ttl.Milliseconds()).Int64()
 		if err != nil {
 			return false, err
 		}
 		if n == 1 {
+			l.until = asked.Add(l.ttl)
 			return true, nil
 		}
 		l.token = 0
@@ -64,8 +69,13 @@ func (l *Lease) Acquire(ctx context.Context) (bool, error) {
 		l.token = 0
 		return false, err
 	}
+	l.until = asked.Add(l.ttl)
 	return true, nil
 }
+
+// Until is when the lease held lapses at the latest: work done under it
+// should end by then (a deadline for its writes).
+func (l *Lease) Until() time.Time { return l.until }
 
 // Token is the fencing token of the lease held (0 when not held).
 func (l *Lease) Token() int64 { return l.token }

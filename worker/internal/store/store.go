@@ -472,6 +472,33 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 	return res, false, nil
 }
 
+// Fail records one order as failed with reason, in columns that hold
+// whatever the message carried once it passed ordermsg.Validate (no key, no
+// reservation time): the row for an order MySQL refused to write as it
+// came. A row that exists already (a redelivery) is returned as it is.
+// Permanent(err) tells the caller that even this row is refused.
+func (s *Store) Fail(ctx context.Context, o ordermsg.Order, reason string) (Outcome, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	_, err := s.db.ExecContext(ctx, `INSERT INTO orders (order_id, activity_id, user_id, quantity, status, reason)
+		VALUES (?, ?, ?, ?, 'failed', ?)`, o.OrderID, o.ActivityID, o.UserID, o.Quantity, reason)
+	var me *mysql.MySQLError
+	switch {
+	case err == nil:
+		return Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity, Reason: reason}, nil
+	case !errors.As(err, &me) || me.Number != erDupEntry || strings.Contains(me.Message, "orders_user_key"):
+		return Outcome{}, fmt.Errorf("record order %s failed (%s): %w", o.OrderID, reason, err)
+	}
+	var st Outcome
+	var status string
+	if err := s.db.QueryRowContext(ctx, `SELECT order_id, user_id, quantity, status, COALESCE(reason, '') FROM orders WHERE order_id = ?`,
+		o.OrderID).Scan(&st.OrderID, &st.UserID, &st.Quantity, &status, &st.Reason); err != nil {
+		return Outcome{}, fmt.Errorf("read order %s: %w", o.OrderID, err)
+	}
+	st.Confirmed, st.Redelivered = status == "confirmed", true
+	return st, nil
+}
+
 // storedOrders reads (and locks) the orders of the batch MySQL has already.
 func storedOrders(ctx context.Context, tx *sql.Tx, orders []Order) (map[string]Outcome, error) {
 	ids := make([]any, len(orders))

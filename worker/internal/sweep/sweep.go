@@ -1,15 +1,19 @@
 // Package sweep resolves reservations whose deadline passed (I4: nothing stays
 // pending past its deadline plus one sweep — except an order whose message the
-// broker confirmed, which waits for the workers however long they are away).
+// broker confirmed, which waits for the workers up to QueuedGrace).
 // One sweeper is active across the fleet at a time, through a fenced Redis
-// lease renewed between chunks, so a long sweep never overlaps the next
-// holder's; its writes are idempotent besides.
+// lease renewed before each chunk, which bounds the chunk's deadline, so a
+// long sweep never overlaps the next holder's; its writes are idempotent
+// besides.
 //
 // For overdue reservations, in chunks of Batch per round trip, the sweeper asks
 // MySQL, the truth:
 //   - the order row exists: settle Redis with its outcome;
 //   - absent, and the record says the broker confirmed its message (queued):
-//     the message is safe in the queue, so look again later, never expire it;
+//     the message is safe in the queue, so look again later; only past
+//     deadline + QueuedGrace (far longer than a worker outage) is the message
+//     taken as gone (dead-lettered by the queue's delivery limit, the queue
+//     lost) and the order expired as below, so no 202 stays pending forever;
 //   - absent and never confirmed, past deadline + grace: no message can be
 //     waiting for it save one whose publish outcome nobody learnt; insert it
 //     as failed ("expired") with INSERT IGNORE — MySQL arbitrates against a
@@ -38,7 +42,11 @@ type Config struct {
 	Interval time.Duration // between sweeps
 	// Grace past the deadline before a reservation whose message the broker
 	// never confirmed is expired ([worker] republish_after).
-	Grace        time.Duration
+	Grace time.Duration
+	// QueuedGrace past the deadline before an order whose message the broker
+	// confirmed, and no worker wrote, is expired ([worker]
+	// queued_expire_after); 0: never.
+	QueuedGrace  time.Duration
 	QueryTimeout time.Duration // bound of each MySQL and Redis call
 	Instance     string        // names the lease holder
 	Batch        int64         // overdue orders handled per round trip
@@ -62,7 +70,7 @@ func New(cfg Config, rdb redis.UniversalClient, store *reservation.Store, db *sq
 		cfg.Batch = 1000
 	}
 	s := &Sweeper{cfg: cfg, rdb: rdb, store: store, db: db, log: log}
-	s.lease = lease.New(rdb, s.leaseKey(), cfg.Instance, 3*cfg.Interval)
+	s.lease = lease.New(rdb, s.leaseKey(), cfg.Instance, s.leaseTTL())
 	return s
 }
 
@@ -111,6 +119,10 @@ func (s *Sweeper) acquire(ctx context.Context) (bool, error) {
 	return s.lease.Acquire(ctx)
 }
 
+// leaseTTL is three intervals, and at least two query timeouts, so that a
+// chunk (bounded by the lease left) can run after a renewal.
+func (s *Sweeper) leaseTTL() time.Duration { return max(3*s.cfg.Interval, 2*s.cfg.QueryTimeout) }
+
 func (s *Sweeper) releaseLease() {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.QueryTimeout)
 	defer cancel()
@@ -121,8 +133,9 @@ func (s *Sweeper) releaseLease() {
 var ErrLeaseLost = errors.New("sweeper lease lost")
 
 // Sweep makes one pass over every warmed activity, in chunks, until nothing
-// is overdue; between chunks it renews its lease (when it holds one) and
-// stops if the lease was lost.
+// is overdue. When it holds the lease it renews it before each chunk, stops
+// once it is lost, and bounds each chunk's deadline by the lease left, so
+// that no write of a chunk happens after another sweeper may hold it.
 func (s *Sweeper) Sweep(ctx context.Context) (Stats, error) {
 	var st Stats
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
@@ -138,19 +151,22 @@ func (s *Sweeper) Sweep(ctx context.Context) (Stats, error) {
 	var errs []error
 	for _, id := range ids {
 		for {
-			n, err := s.sweepChunk(ctx, id, now, &st)
+			cctx, cancel := ctx, context.CancelFunc(func() {})
+			if s.lease.Token() != 0 {
+				held, err := s.acquire(ctx)
+				if err != nil || !held {
+					return st, errors.Join(append(errs, ErrLeaseLost, err)...)
+				}
+				cctx, cancel = context.WithDeadline(ctx, s.lease.Until())
+			}
+			n, err := s.sweepChunk(cctx, id, now, &st)
+			cancel()
 			if err != nil {
 				errs = append(errs, err)
 				break
 			}
 			if n < int(s.cfg.Batch) {
 				break
-			}
-			if s.lease.Token() != 0 {
-				held, err := s.acquire(ctx)
-				if err != nil || !held {
-					return st, errors.Join(append(errs, ErrLeaseLost, err)...)
-				}
 			}
 			if s.afterChunk != nil {
 				s.afterChunk()
@@ -201,7 +217,8 @@ func (s *Sweeper) sweepChunk(ctx context.Context, id int64, now time.Time, st *S
 			st.Settled++
 			continue
 		}
-		if r.Queued || now.Before(r.Deadline.Add(s.cfg.Grace)) {
+		if (r.Queued && (s.cfg.QueuedGrace <= 0 || now.Before(r.Deadline.Add(s.cfg.QueuedGrace)))) ||
+			now.Before(r.Deadline.Add(s.cfg.Grace)) {
 			later = append(later, r)
 			continue
 		}
