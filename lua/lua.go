@@ -9,8 +9,11 @@ import (
 	"embed"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/internal/backoff"
 )
 
 //go:embed *.lua
@@ -44,10 +47,20 @@ func Names() []string {
 // EVALSHA of each finds it. Scripts still run after a SCRIPT FLUSH: go-redis's
 // Script.Run falls back to EVAL on NOSCRIPT.
 func Preload(ctx context.Context, rdb redis.Scripter) error {
+	// A process starting while Redis is slow (a loaded machine, a failover)
+	// retries a failed load until ctx ends, rather than exit on one timeout.
+	bo := backoff.New(50*time.Millisecond, time.Second)
 	for _, n := range Names() {
-		if err := registry[n].Load(ctx, rdb).Err(); err != nil {
-			return fmt.Errorf("load script %s: %w", n, err)
+		for {
+			err := registry[n].Load(ctx, rdb).Err()
+			if err == nil {
+				break
+			}
+			if !backoff.Sleep(ctx, bo.Next()) {
+				return fmt.Errorf("load script %s: %w", n, err)
+			}
 		}
+		bo.Reset()
 	}
 	return nil
 }

@@ -104,7 +104,10 @@ func run(ctx context.Context, args []string) error {
 // openStores connects to Redis (scripts preloaded) and MySQL (schema ensured).
 func openStores(ctx context.Context, cfg conf.Config) (*redis.Client, *sql.DB, error) {
 	rdb := redis.NewClient(cfg.Redis.Options())
-	if err := lua.Preload(ctx, rdb); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err := lua.Preload(pctx, rdb)
+	cancel()
+	if err != nil {
 		_ = rdb.Close()
 		return nil, nil, fmt.Errorf("redis: %w", err)
 	}
