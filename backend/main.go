@@ -49,6 +49,16 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "backend")
+	adminToken, err := cfg.Backend.LoadAdminToken()
+	if err != nil {
+		return err
+	}
+	if cfg.Backend.DevMode {
+		log.Warn("dev_mode: weak and sample admin tokens are accepted; never in production")
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	stopPprof, err := profiling.Start(log)
 	if err != nil {
 		return err
@@ -112,14 +122,16 @@ func run(ctx context.Context, args []string) error {
 		{Name: "rabbitmq", Fn: func(context.Context) error { return pub.Ready() }},
 	}
 	edge := api.New(svc, api.Config{
-		AdminToken:     cfg.Backend.AdminToken,
-		MaxBodyBytes:   cfg.Backend.MaxBodyBytes,
-		AdminBodyBytes: cfg.Backend.AdminBodyBytes,
-		RetryAfter:     cfg.Backend.RetryAfter.Duration,
-		CheckTimeout:   cfg.Backend.RedisTimeout.Duration + time.Second,
-		ReadTimeout:    cfg.Backend.ReadTimeout.Duration,
-		WriteTimeout:   cfg.Backend.WriteTimeout.Duration,
-		IdleTimeout:    cfg.Backend.IdleTimeout.Duration,
+		AdminToken:      adminToken,
+		AdminFailLimit:  cfg.Backend.AdminFailures.Limit,
+		AdminFailWindow: cfg.Backend.AdminFailures.Window.Duration,
+		MaxBodyBytes:    cfg.Backend.MaxBodyBytes,
+		AdminBodyBytes:  cfg.Backend.AdminBodyBytes,
+		RetryAfter:      cfg.Backend.RetryAfter.Duration,
+		CheckTimeout:    cfg.Backend.RedisTimeout.Duration + time.Second,
+		ReadTimeout:     cfg.Backend.ReadTimeout.Duration,
+		WriteTimeout:    cfg.Backend.WriteTimeout.Duration,
+		IdleTimeout:     cfg.Backend.IdleTimeout.Duration,
 	}, checks, reg, log, api.NewMetrics(reg))
 
 	// Server.
@@ -128,13 +140,19 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Backend.Listen, err)
 	}
-	log.Info("backend listening", "addr", ln.Addr().String(), "admin_api", cfg.Backend.AdminToken != "")
+	log.Info("backend listening", "addr", ln.Addr().String(), "admin_api", adminToken != "")
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	select {
-	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
+serving:
+	for {
+		select {
+		case err := <-served:
+			return fmt.Errorf("serve: %w", err)
+		case <-ctx.Done():
+			break serving
+		case <-hup:
+			reloadAdminToken(*configPath, adminToken != "", edge, log)
+		}
 	}
 	log.Info("backend draining", "grace", cfg.Backend.ShutdownGrace.Duration)
 	drainCtx, cancelDrain := context.WithTimeout(context.Background(), cfg.Backend.ShutdownGrace.Duration)
@@ -150,4 +168,25 @@ func run(ctx context.Context, args []string) error {
 	<-served
 	log.Info("backend stopped")
 	return nil
+}
+
+// reloadAdminToken re-reads the admin token (admin_token_file, or the
+// config's admin_token) on SIGHUP; a token that fails the policy, or that
+// would turn the admin API on or off (fixed at start), keeps the running one.
+func reloadAdminToken(path string, enabled bool, edge *api.API, log *slog.Logger) {
+	cfg, err := conf.LoadDefault(path)
+	if err != nil {
+		log.Error("reload rejected, admin token kept", "err", err)
+		return
+	}
+	tok, err := cfg.Backend.LoadAdminToken()
+	if err == nil && (tok != "") != enabled {
+		err = errors.New("turning the admin API on or off needs a restart")
+	}
+	if err != nil {
+		log.Error("reload rejected, admin token kept", "err", err)
+		return
+	}
+	edge.SetAdminToken(tok)
+	log.Info("admin token reloaded", "from", cfg.Backend.AdminTokenKey())
 }

@@ -80,7 +80,7 @@ func parseFlags(args []string, stderr io.Writer) (conf.Config, options, error) {
 	fs.StringVar(&o.configPath, "config", conf.DefaultPath, "configuration file; flags override its [bench] section")
 	fs.StringVar(&targets, "targets", "", "comma-separated target URLs (the proxies) [bench] targets")
 	fs.StringVar(&adminURL, "admin-url", "", "backend URL the sale is created through [bench] admin_url")
-	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token of the admin API (default $SECKILL_ADMIN_TOKEN, else [backend] admin_token)")
+	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token of the admin API (default $SECKILL_ADMIN_TOKEN, else [backend] admin_token or admin_token_file)")
 	fs.Int64Var(&activity, "activity", -1, "activity id; 0 picks a fresh one [bench] activity_id")
 	fs.IntVar(&stock, "stock", 0, "units of the sale [bench] stock")
 	fs.IntVar(&limit, "limit", 0, "per-user limit [bench] per_user_limit")
@@ -186,7 +186,12 @@ func parseFlags(args []string, stderr io.Writer) (conf.Config, options, error) {
 	if !set["admin-token"] {
 		o.adminToken = os.Getenv(conf.EnvAdminToken)
 		if o.adminToken == "" {
-			o.adminToken = cfg.Backend.AdminToken
+			// admin_token or admin_token_file, as the backend reads them.
+			tok, err := cfg.Backend.ReadAdminToken()
+			if err != nil {
+				return cfg, o, err
+			}
+			o.adminToken = tok
 		}
 	}
 	if o.adminToken == "" {

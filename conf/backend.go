@@ -5,8 +5,16 @@ import "time"
 // Backend is the [backend] section.
 type Backend struct {
 	Listen string `toml:"listen"`
-	// AdminToken guards /admin/v1; empty disables the admin API.
+	// AdminToken guards /admin/v1; empty (and no AdminTokenFile) disables
+	// the admin API. See LoadAdminToken for the policy.
 	AdminToken string `toml:"admin_token"`
+	// AdminTokenFile holds the admin token instead (read at start and on
+	// SIGHUP); exclusive with AdminToken.
+	AdminTokenFile string `toml:"admin_token_file"`
+	// DevMode accepts weak and published admin tokens (local development).
+	DevMode bool `toml:"dev_mode"`
+	// AdminFailures bounds failed admin authentications per source address.
+	AdminFailures Window `toml:"admin_failure_limit"`
 	// ReservationTTL is how long a reservation may stay pending before the sweeper
 	// resolves it.
 	ReservationTTL Duration `toml:"reservation_ttl"`
@@ -39,14 +47,13 @@ func defaultBackend() Backend {
 		WriteTimeout:   D(5 * time.Second),
 		IdleTimeout:    D(60 * time.Second),
 		ShutdownGrace:  D(10 * time.Second),
+		AdminFailures:  Window{Limit: 10, Window: D(time.Minute)},
 	}
 }
 
 func (b *Backend) validate(p *problems) {
 	checkListen(p, "backend.listen", b.Listen)
-	if b.AdminToken != "" && len(b.AdminToken) < 8 {
-		p.add("backend.admin_token", "must be at least 8 characters (or empty to disable the admin API)")
-	}
+	b.validateAdmin(p)
 	checkPositive(p, "backend.reservation_ttl", b.ReservationTTL)
 	checkPositive(p, "backend.redis_timeout", b.RedisTimeout)
 	checkPositive(p, "backend.publish_timeout", b.PublishTimeout)

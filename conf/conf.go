@@ -132,6 +132,7 @@ const (
 	EnvMySQLDSN         = "SECKILL_MYSQL_DSN"
 	EnvAMQPURL          = "SECKILL_AMQP_URL"
 	EnvAdminToken       = "SECKILL_ADMIN_TOKEN"
+	EnvAdminTokenFile   = "SECKILL_ADMIN_TOKEN_FILE"
 	EnvProxyListen      = "SECKILL_PROXY_LISTEN"
 	EnvProxyAdminListen = "SECKILL_PROXY_ADMIN_LISTEN"
 	EnvProxyUpstreams   = "SECKILL_PROXY_UPSTREAMS"
@@ -152,7 +153,15 @@ func (c *Config) applyEnv(env func(string) string, p *problems) {
 	set(EnvMySQLDSN, &c.MySQL.DSN)
 	set(EnvAMQPURL, &c.RabbitMQ.URL)
 	set(EnvAMQPQueuePrefix, &c.RabbitMQ.Prefix)
-	set(EnvAdminToken, &c.Backend.AdminToken)
+	// Either variable replaces the file's token source as a whole.
+	switch tok, file := env(EnvAdminToken), env(EnvAdminTokenFile); {
+	case tok != "" && file != "":
+		p.add(EnvAdminTokenFile, "is mutually exclusive with %s; set one", EnvAdminToken)
+	case tok != "":
+		c.Backend.AdminToken, c.Backend.AdminTokenFile = tok, ""
+	case file != "":
+		c.Backend.AdminToken, c.Backend.AdminTokenFile = "", file
+	}
 	set(EnvProxyListen, &c.Proxy.Listen)
 	set(EnvProxyAdminListen, &c.Proxy.AdminListen)
 	set(EnvBackendListen, &c.Backend.Listen)

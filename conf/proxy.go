@@ -29,7 +29,11 @@ type Proxy struct {
 	// SoldOutTTL is how long the proxy answers a sold-out activity itself.
 	SoldOutTTL    Duration `toml:"sold_out_ttl"`
 	ShutdownGrace Duration `toml:"shutdown_grace"`
-	Rules         []Rule   `toml:"rules"`
+	// DenyPrefixes are paths answered 404 and never forwarded, unless a rule
+	// allows its client (RuleAccess.AllowFrom).
+	DenyPrefixes []string `toml:"deny_prefixes"`
+	Identity     Identity `toml:"identity"`
+	Rules        []Rule   `toml:"rules"`
 }
 
 // Rule is one [[proxy.rules]] entry.
@@ -42,6 +46,7 @@ type Rule struct {
 	// OnRedisError is "local", "open" or "closed".
 	OnRedisError string `toml:"on_redis_error"`
 	Shadow       bool   `toml:"shadow"`
+	RuleAccess
 }
 
 // Window is a sliding-window limit: at most Limit admitted requests per Window.
@@ -111,6 +116,7 @@ func defaultProxy() Proxy {
 		RedisTimeout:    D(20 * time.Millisecond),
 		SoldOutTTL:      D(time.Second),
 		ShutdownGrace:   D(10 * time.Second),
+		DenyPrefixes:    DefaultDenyPrefixes(),
 	}
 }
 
@@ -145,10 +151,19 @@ func (x *Proxy) validate(p *problems) {
 	checkPositive(p, "proxy.redis_timeout", x.RedisTimeout)
 	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)
 	checkPositive(p, "proxy.shutdown_grace", x.ShutdownGrace)
+	for i, d := range x.DenyPrefixes {
+		if !strings.HasPrefix(d, "/") {
+			p.add(keyIndex("proxy.deny_prefixes", i), "must start with /, got %q", d)
+		}
+	}
+	if x.Identity.JWT != nil {
+		x.Identity.JWT.validate(p)
+	}
 	names := map[string]bool{}
 	for i := range x.Rules {
 		// By index: validate also fills a rule's defaults.
 		x.Rules[i].validate(p, keyIndex("proxy.rules", i), names)
+		x.Rules[i].RuleAccess.validate(p, keyIndex("proxy.rules", i), x.Identity.JWT)
 	}
 }
 

@@ -48,9 +48,15 @@ func startRecorder(t *testing.T) *recorder {
 // startProxy runs bin/proxy in front of upstream with the default rules.
 func startProxy(t *testing.T, upstream string, extraEnv ...string) *stack.Proc {
 	t.Helper()
-	dir := t.TempDir()
-	config := dir + "/proxy.toml"
+	config := t.TempDir() + "/proxy.toml"
 	servicetest.Must(t, writeFile(config, "[proxy]\nread_timeout = \"2s\"\n"), "config")
+	return startProxyWith(t, upstream, config, extraEnv...)
+}
+
+// startProxyWith runs bin/proxy with the config file at config.
+func startProxyWith(t *testing.T, upstream, config string, extraEnv ...string) *stack.Proc {
+	t.Helper()
+	dir := t.TempDir()
 	_, prefix := servicetest.Redis(t)
 	addr, admin := stack.FreeAddr(t), stack.FreeAddr(t)
 	env := append(append([]string{}, envWithout("SECKILL_")...),
@@ -113,14 +119,12 @@ func TestProxyRejectsAmbiguousFraming(t *testing.T) {
 	}
 }
 
-// Identity headers. The backend trusts X-User-ID as the authenticated user
-// (set by the operator's auth layer in front of, or as, the proxy: the proxy
-// forwards it by design). What the proxy itself decides from is the client
-// address: with trusted_proxies empty (the default) a client-supplied
-// X-Forwarded-For is never taken as the client's address — the proxy keys on
-// the peer and appends the peer as the rightmost X-Forwarded-For entry, the
-// only entry an upstream may believe (docs/contract.md: appended). Rate limits keyed
-// on the spoofed value are covered by proxy/internal/edge TestSpoofing.
+// Forwarding headers. With trusted_proxies empty (the default) a
+// client-supplied X-Forwarded-For is never taken as the client's address —
+// the proxy keys on the peer and appends the peer as the rightmost
+// X-Forwarded-For entry, the only entry an upstream may believe (docs/contract.md: appended).
+// Rate limits keyed on the spoofed value are covered by proxy/internal/edge
+// TestSpoofing; a client's X-User-ID by TestProxyDropsSpoofedUserID.
 func TestProxyForwardedForFromUntrustedPeer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs bin/proxy")

@@ -113,11 +113,11 @@ loop:
 func reload(path string, env func(string) string, p *edge.Proxy, log *slog.Logger) {
 	cfg, err := conf.Load(path, env)
 	if err == nil {
-		err = p.Reload(cfg.Proxy.Rules)
+		err = p.Reload(cfg.Proxy)
 	}
 	if err != nil {
 		log.Error("reload rejected, running rules kept", "path", path, "err", err)
 		return
 	}
-	log.Info("rules reloaded", "path", path, "rules", len(cfg.Proxy.Rules))
+	log.Info("rules, deny list and identity reloaded", "path", path, "rules", len(cfg.Proxy.Rules))
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func writeConfig(t *testing.T, path, prefix, listen, admin, up string, limit int, broken bool) {
+func writeConfig(t *testing.T, path, prefix, listen, admin, up string, limit int, broken bool, proxyKeys ...string) {
 	doc := fmt.Sprintf(`
 [redis]
 key_prefix = %q
@@ -31,6 +32,7 @@ key_prefix = %q
 listen = %q
 admin_listen = %q
 upstreams = ["http://%s"]
+`+strings.Join(proxyKeys, "\n")+`
 [[proxy.rules]]
 name = "r"
 path_prefix = "/"
@@ -42,8 +44,10 @@ per_ip = { limit = %d, window = "30s" }
 	servicetest.Must(t, os.WriteFile(path, []byte(doc), 0o600), "write config")
 }
 
-// Reload: SIGHUP with a new limit takes effect; with a broken file the running
-// rules keep working. Also: the admin endpoints live on their own listener.
+// Reload: SIGHUP with a new limit or deny list takes effect; with a broken
+// file the running rules keep working. Also: the admin endpoints live on
+// their own listener, and the same paths on the forwarding one are denied
+// (the default deny_prefixes) without taking a limiter slot.
 func TestRunReload(t *testing.T) {
 	_, prefix := servicetest.Redis(t)
 	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }}
@@ -80,8 +84,8 @@ func TestRunReload(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if s, _, _ := c.Get(nil, "http://"+listen+"/healthz"); s != 200 {
-		t.Fatalf("forwarded /healthz: %d (upstream path must not be shadowed)", s)
+	if s, body, _ := c.Get(nil, "http://"+listen+"/healthz"); s != 404 || !strings.Contains(string(body), "not-found") {
+		t.Fatalf("/healthz on the forwarding listener: %d %s, want the edge's 404", s, body)
 	}
 	count := func(n int) (ok int) {
 		for i := 0; i < n; i++ {
@@ -93,17 +97,20 @@ func TestRunReload(t *testing.T) {
 		}
 		return ok
 	}
-	if ok := count(4); ok != 1 { // one of the 2 slots went to /healthz above
-		t.Fatalf("limit 2: %d admitted after /healthz, want 1", ok)
+	if ok := count(4); ok != 2 { // the denied /healthz took no slot
+		t.Fatalf("limit 2: %d admitted after /healthz, want 2", ok)
 	}
 	hup := func() {
 		servicetest.Must(t, syscall.Kill(os.Getpid(), syscall.SIGHUP), "sighup")
 		time.Sleep(300 * time.Millisecond)
 	}
-	writeConfig(t, path, prefix, listen, admin, uln.Addr().String(), 5, false)
+	writeConfig(t, path, prefix, listen, admin, uln.Addr().String(), 5, false, "deny_prefixes = []")
 	hup()
-	if ok := count(5); ok != 3 {
-		t.Fatalf("after reload to 5: %d admitted, want 3", ok)
+	if s, body, _ := c.Get(nil, "http://"+listen+"/healthz"); s != 200 || string(body) != "ok" {
+		t.Fatalf("forwarded /healthz after reload with an empty deny list: %d %s (the upstream's path)", s, body)
+	}
+	if ok := count(5); ok != 2 { // 3 of 5 slots left after /healthz
+		t.Fatalf("after reload to 5: %d admitted, want 2", ok)
 	}
 	writeConfig(t, path, prefix, listen, admin, uln.Addr().String(), 100, true)
 	hup()

@@ -22,7 +22,10 @@ FUZZ_TARGETS := \
 	./backend/internal/api:FuzzParseSpec \
 	./proxy/internal/identity:FuzzClient \
 	./conf:FuzzParse \
-	./internal/ordermsg:FuzzDecode
+	./internal/ordermsg:FuzzDecode \
+	./proxy/internal/token:FuzzExtract \
+	./proxy/internal/token:FuzzVerify \
+	./proxy/internal/access:FuzzDenied
 
 chaos: services
 	@mkdir -p $(CHAOS_OUT)

@@ -57,9 +57,17 @@ type stack struct {
 	ch    *amqp.Channel
 	pub   *hookPublisher
 	reg   *prometheus.Registry
+	api   *api.API
 }
 
 func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
+	t.Helper()
+	return newStackWith(t, soldOutTTL, slog.New(slog.DiscardHandler), nil)
+}
+
+// newStackWith is newStack with the API's logger and a hook to change its
+// config.
+func newStackWith(t *testing.T, soldOutTTL time.Duration, log *slog.Logger, edit func(*api.Config)) *stack {
 	t.Helper()
 	rdb, prefix := servicetest.Redis(t)
 	cfg := conf.Default()
@@ -71,7 +79,6 @@ func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
 	db, err := schema.Open(ctx, cfg.MySQL)
 	servicetest.Must(t, err, "schema")
 	t.Cleanup(func() { _ = db.Close() })
-	log := slog.New(slog.DiscardHandler)
 	reg := prometheus.NewRegistry()
 	real, err := broker.NewPublisher(ctx, broker.PublisherConfigFrom(cfg.RabbitMQ, "api-test"), log, broker.NewPublisherMetrics(reg, "seckill_backend"))
 	servicetest.Must(t, err, "publisher")
@@ -87,10 +94,14 @@ func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
 	go func() { defer close(watched); svc.WatchStockEvents(wctx, rdb, reservation.Channel(prefix)) }()
 	t.Cleanup(func() { stop(); <-watched })
 
-	a := api.New(svc, api.Config{
+	acfg := api.Config{
 		AdminToken: token, MaxBodyBytes: 4096, AdminBodyBytes: 65536, RetryAfter: time.Second,
 		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, IdleTimeout: time.Minute,
-	}, []api.Check{
+	}
+	if edit != nil {
+		edit(&acfg)
+	}
+	a := api.New(svc, acfg, []api.Check{
 		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
 		{Name: "mysql", Fn: db.PingContext},
 		{Name: "rabbitmq", Fn: func(context.Context) error { return real.Ready() }},
@@ -107,7 +118,7 @@ func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
 	ch, err := conn.Channel()
 	servicetest.Must(t, err, "channel")
 	return &stack{url: "http://" + ln.Addr().String(), rdb: rdb, store: store, db: db,
-		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg}
+		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, api: a}
 }
 
 type reply struct {

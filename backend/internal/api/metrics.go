@@ -11,8 +11,9 @@ import (
 
 // Metrics of the HTTP edge. A nil *Metrics records nothing.
 type Metrics struct {
-	requests *prometheus.CounterVec
-	latency  *prometheus.HistogramVec
+	requests      *prometheus.CounterVec
+	latency       *prometheus.HistogramVec
+	adminFailures *prometheus.CounterVec
 }
 
 // NewMetrics registers the HTTP metrics on reg.
@@ -26,9 +27,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "seckill_backend", Subsystem: "http", Name: "request_seconds",
 			Help: "Handler latency by route.", Buckets: metrics.LatencyBuckets,
 		}, []string{"route"}),
+		adminFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "seckill_backend", Subsystem: "admin", Name: "auth_failures_total",
+			Help: "Admin requests refused: reason missing or invalid token, or limited (the source failed too often).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.requests, m.latency)
+	reg.MustRegister(m.requests, m.latency, m.adminFailures)
 	return m
+}
+
+func (m *Metrics) adminFailure(reason string) {
+	if m != nil {
+		m.adminFailures.WithLabelValues(reason).Inc()
+	}
 }
 
 func (m *Metrics) request(route string, status int, d time.Duration) {

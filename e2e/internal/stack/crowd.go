@@ -39,6 +39,9 @@ type Crowd struct {
 	// Spread, when set, paces the attempts evenly over this long, so that a
 	// fault injected meanwhile lands mid-sale.
 	Spread time.Duration
+	// Prepare, when set, edits each purchase request after its headers are
+	// set (e.g. a bearer token for the proxy's JWT identity).
+	Prepare func(req *http.Request, a *Attempt)
 
 	done atomic.Int64
 }
@@ -108,7 +111,7 @@ func (c *Crowd) attempt(client *http.Client, backends []*Proc, i int, a *Attempt
 	for try := 0; try <= c.Retries; try++ {
 		a.Tries++
 		b := backends[(i+try)%len(backends)]
-		status, code, id, err := purchase(client, b.URL(), c.Sale.ID, a)
+		status, code, id, err := purchase(client, b.URL(), c.Sale.ID, a, c.Prepare)
 		a.Status, a.Code, a.OrderID = status, code, id
 		if err != nil {
 			a.Answers = append(a.Answers, "error")
@@ -125,7 +128,7 @@ func (c *Crowd) attempt(client *http.Client, backends []*Proc, i int, a *Attempt
 	}
 }
 
-func purchase(client *http.Client, base string, activity int64, a *Attempt) (int, string, string, error) {
+func purchase(client *http.Client, base string, activity int64, a *Attempt, prepare func(*http.Request, *Attempt)) (int, string, string, error) {
 	body, _ := json.Marshal(map[string]int64{"quantity": a.Qty})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -137,6 +140,9 @@ func purchase(client *http.Client, base string, activity int64, a *Attempt) (int
 	req.Header.Set("Content-Type", "application/json")
 	if a.Key != "" {
 		req.Header.Set("Idempotency-Key", a.Key)
+	}
+	if prepare != nil {
+		prepare(req, a)
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -83,10 +83,12 @@ func moduleRoot(t testing.TB) string {
 type Proc struct {
 	Name string // "backend-0"
 	Addr string // listen address (host:port)
-	bin  string
-	args []string
-	env  []string
-	log  string
+	// AdminAddr is a proxy's admin listener (Addr is its forwarding one).
+	AdminAddr string
+	bin       string
+	args      []string
+	env       []string
+	log       string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd

@@ -3,7 +3,9 @@ package stack
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,8 +27,13 @@ import (
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
-// AdminToken is the admin token of every test stack.
-const AdminToken = "e2e-admin-token-Zq8"
+// AdminToken is the admin token of every test stack: random per test
+// process and strong enough for the backend outside dev_mode.
+var AdminToken = func() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return "e2e-" + hex.EncodeToString(b)
+}()
 
 // Fast is the config of fault tests: reservations go overdue after 2s, the
 // sweeper looks every 200ms and gives up on a message 2s after the deadline,
@@ -76,6 +83,7 @@ type Stack struct {
 	Res        *reservation.Store
 	Backends   []*Proc
 	Workers    []*Proc
+	Proxies    []*Proc // started by StartProxy
 	HTTP       *http.Client
 	// RedisLost is set by a test that deletes Redis data (FLUSHDB): the
 	// records of orders settled before the loss are gone for good (MySQL

@@ -33,7 +33,7 @@ func benchUpstream(b *testing.B) *fasthttputil.InmemoryListener {
 // runRequests serves handler with srv on an in-memory listener and sends it
 // GET / from b.RunParallel goroutines over keep-alive connections, as wrk
 // does: the whole request path, server parsing and writing included.
-func runRequests(b *testing.B, srv *fasthttp.Server, status int) {
+func runRequests(b *testing.B, srv *fasthttp.Server, status int, hdr ...string) {
 	ln := fasthttputil.NewInmemoryListener()
 	go func() { _ = srv.Serve(ln) }()
 	b.Cleanup(func() { _ = ln.Close() })
@@ -53,6 +53,9 @@ func runRequests(b *testing.B, srv *fasthttp.Server, status int) {
 		var resp fasthttp.Response
 		req.SetRequestURI("http://bench/")
 		req.Header.Set("User-Agent", "wrk")
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
 		for pb.Next() {
 			if err := c.Do(&req, &resp); err != nil {
 				b.Fatal(err)
@@ -103,6 +106,11 @@ func BenchmarkServeLimited(b *testing.B) {
 }
 
 func benchProxy(b *testing.B, perIP int, window time.Duration, status int) {
+	benchProxyWith(b, perIP, window, status, nil)
+}
+
+// benchProxyWith is benchProxy with a config edit and request headers.
+func benchProxyWith(b *testing.B, perIP int, window time.Duration, status int, edit func(*conf.Config), hdr ...string) {
 	ln := benchUpstream(b)
 	rdb, prefix := servicetest.Redis(b)
 	cfg := conf.Default()
@@ -112,6 +120,9 @@ func benchProxy(b *testing.B, perIP int, window time.Duration, status int) {
 	cfg.Proxy.RedisTimeout = conf.D(50 * time.Millisecond)
 	r := rule("bench", perIP, 10_000_000, window)
 	cfg.Proxy.Rules = []conf.Rule{r}
+	if edit != nil {
+		edit(&cfg)
+	}
 	servicetest.Must(b, cfg.Validate(), "config")
 	log := slog.New(slog.DiscardHandler)
 	p, err := New(cfg, rdb, log)
@@ -124,6 +135,6 @@ func benchProxy(b *testing.B, perIP int, window time.Duration, status int) {
 	servicetest.Must(b, err, "pool")
 	calls := p.Metrics.Calls
 	before := calls()
-	runRequests(b, p.Server(log), status)
+	runRequests(b, p.Server(log), status, hdr...)
 	b.ReportMetric(float64(calls()-before)/float64(b.N), "redis-calls/op")
 }

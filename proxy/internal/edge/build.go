@@ -66,20 +66,31 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger, opts ...Option) (
 	if err != nil {
 		return nil, fmt.Errorf("rules: %w", err)
 	}
+	gate, err := NewGate(cfg.Proxy)
+	if err != nil {
+		return nil, err
+	}
 	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg), Registry: reg,
-		metrics: metrics.Handler(reg)}
+		Security: NewSecurityMetrics(reg), metrics: metrics.Handler(reg)}
 	h.SetRules(rules)
+	h.SetGate(gate)
 	RegisterGauges(reg, lim)
 	return &Proxy{Handler: h, Metrics: lm, cfg: cfg}, nil
 }
 
-// Reload compiles new rules and swaps them in; on error the running rules stay.
-func (p *Proxy) Reload(rules []conf.Rule) error {
-	rs, err := limiter.Compile(rules, p.cfg.Redis.KeyPrefix, p.Metrics)
+// Reload compiles new rules, deny list and JWT identity (its key file read
+// again: key rotation) and swaps them in; on error all running ones stay.
+func (p *Proxy) Reload(c conf.Proxy) error {
+	rs, err := limiter.Compile(c.Rules, p.cfg.Redis.KeyPrefix, p.Metrics)
+	if err != nil {
+		return err
+	}
+	gate, err := NewGate(c)
 	if err != nil {
 		return err
 	}
 	p.Handler.SetRules(rs)
+	p.Handler.SetGate(gate)
 	return nil
 }
 

@@ -1,6 +1,6 @@
-// Package edge is the proxy's request path: sold-out short cut, client
-// identity, rate limits, then forwarding; plus the proxy's own error answers
-// (problem+json) and its admin endpoints.
+// Package edge is the proxy's request path: deny list and user identity
+// (JWT), sold-out short cut, client identity, rate limits, then forwarding;
+// plus the proxy's own error answers (problem+json) and its admin endpoints.
 package edge
 
 import (
@@ -26,6 +26,8 @@ import (
 // Handler serves the forwarding listener.
 type Handler struct {
 	rules    atomic.Pointer[limiter.Rules]
+	gate     atomic.Pointer[Gate]
+	Security *SecurityMetrics
 	Limiter  *limiter.Limiter
 	Identity *identity.Resolver
 	Pool     *forward.Pool
@@ -64,6 +66,11 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	method, path := ctx.Method(), requestPath(ctx)
+	// Before everything else: a denied path or a refused token costs no
+	// limiter slot, and limits key on the identity the gate established.
+	if !h.guard(ctx, method, path) {
+		return
+	}
 
 	var sent time.Time // only purchases need it (sold-out cache)
 	soldID, purchase := []byte(nil), false
@@ -179,19 +186,18 @@ func plainPath(uri []byte) ([]byte, bool) {
 
 // clientKey appends the limiter key of the request's client.
 func (h *Handler) clientKey(ctx *fasthttp.RequestCtx, dst []byte) []byte {
-	var peer netip.Addr
-	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
-		peer, _ = netip.AddrFromSlice(ta.IP)
-	}
-	if !peer.IsValid() {
-		peer = netip.IPv4Unspecified()
-	}
+	return h.Identity.AppendKey(dst, h.clientAddr(ctx, peerAddr(ctx)))
+}
+
+// clientAddr is the client's address: the peer, or what a trusted peer's
+// forwarding headers name.
+func (h *Handler) clientAddr(ctx *fasthttp.RequestCtx, peer netip.Addr) netip.Addr {
 	hd := identity.Headers{}
 	if h.Identity.Trusted(peer) {
 		hd.XForwardedFor = ctx.Request.Header.PeekAll("X-Forwarded-For")
 		hd.Forwarded = ctx.Request.Header.PeekAll("Forwarded")
 	}
-	return h.Identity.AppendKey(dst, h.Identity.Client(peer, hd))
+	return h.Identity.Client(peer, hd)
 }
 
 func ceilSeconds(d time.Duration) int64 {
