@@ -267,7 +267,7 @@ type stamps struct {
 	us     []int64
 }
 
-func (s *stamps) trace(policy string, us int64) {
+func (s *stamps) trace(policy, _ string, us int64) {
 	if policy != s.policy {
 		return
 	}
