@@ -9,10 +9,12 @@ COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod \
     go mod download
 COPY . .
+# The version -version and seckill_build_info report: docker build --build-arg VERSION=$(git describe --always)
+ARG VERSION=dev
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    make build BIN=/out BUILDFLAGS="-trimpath -ldflags='-s -w'" \
- && for b in proxy backend worker; do test -x "/out/$b" || { echo "missing /out/$b" >&2; exit 1; }; done
+    make build BIN=/out BUILDFLAGS="-trimpath -ldflags='-s -w -X github.com/seckill/seckill/internal/version.Version=${VERSION}'" \
+ && for b in proxy backend worker bench; do test -x "/out/$b" || { echo "missing /out/$b" >&2; exit 1; }; done
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/

@@ -18,7 +18,9 @@ GO          ?= go
 BIN         ?= bin
 BINARIES    := proxy backend worker bench
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
-BUILDFLAGS  ?=
+# The version every binary reports (-version, seckill_build_info).
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BUILDFLAGS  ?= -ldflags "-X github.com/seckill/seckill/internal/version.Version=$(VERSION)"
 TESTFLAGS   ?=
 PKGS        ?= ./...
 
@@ -69,4 +71,4 @@ lint:
 clean:
 	rm -rf $(BIN)
 
--include proxy/proxy.mk bench/bench.mk worker/worker.mk
+-include proxy/proxy.mk bench/bench.mk worker/worker.mk deploy/deploy.mk

@@ -21,10 +21,12 @@ import (
 	"github.com/seckill/seckill/backend/internal/sale"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/cli"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
 )
 
@@ -32,23 +34,27 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:])
 	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "backend:", err)
-		os.Exit(1)
-	}
+	cli.Report(os.Stderr, "backend", err)
+	os.Exit(cli.ExitCode(err))
 }
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("backend", flag.ContinueOnError)
-	configPath := fs.String("config", conf.DefaultPath, "configuration file")
+	flags := cli.AddFlags(fs, "backend", true)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := conf.LoadDefault(*configPath)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if done, err := flags.Early(os.Stdout, os.Getenv, func(c conf.Config) string { return c.Backend.Listen }); done {
+		return err
+	}
+	cfg, err := conf.LoadDefault(flags.Config)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "backend")
+	log := cli.Logger(os.Stderr, cfg.Log, "backend")
 	adminToken, err := cfg.Backend.LoadAdminToken()
 	if err != nil {
 		return err
@@ -81,7 +87,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	reg := metrics.NewRegistry()
+	reg := metrics.NewRegistry("backend")
 	host, _ := os.Hostname()
 	pub, err := broker.NewPublisher(startCtx,
 		broker.PublisherConfigFrom(cfg.RabbitMQ, fmt.Sprintf("seckill-backend@%s:%d", host, os.Getpid())),
@@ -116,10 +122,13 @@ func run(ctx context.Context, args []string) error {
 	}()
 	defer func() { stopWatch(); <-watched }()
 
+	// Purchases need Redis and the broker; MySQL only to rebuild a sale Redis
+	// lost, so a MySQL blip must not take every backend out of rotation: it
+	// is reported, not gating.
 	checks := []api.Check{
 		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
-		{Name: "mysql", Fn: db.PingContext},
 		{Name: "rabbitmq", Fn: func(context.Context) error { return pub.Ready() }},
+		{Name: "mysql", Fn: db.PingContext, Optional: true},
 	}
 	edge := api.New(svc, api.Config{
 		AdminToken:      adminToken,
@@ -136,6 +145,8 @@ func run(ctx context.Context, args []string) error {
 
 	// Server.
 	srv := edge.Server()
+	var gate shutdown.Gate
+	srv.Handler = gate.Readyz(srv.Handler)
 	ln, err := net.Listen("tcp", cfg.Backend.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Backend.Listen, err)
@@ -151,9 +162,10 @@ serving:
 		case <-ctx.Done():
 			break serving
 		case <-hup:
-			reloadAdminToken(*configPath, adminToken != "", edge, log)
+			reloadAdminToken(flags.Config, adminToken != "", edge, log)
 		}
 	}
+	gate.Drain(log, cfg.Backend.DrainDelay.Duration)
 	log.Info("backend draining", "grace", cfg.Backend.ShutdownGrace.Duration)
 	drainCtx, cancelDrain := context.WithTimeout(context.Background(), cfg.Backend.ShutdownGrace.Duration)
 	defer cancelDrain()

@@ -29,6 +29,7 @@ import (
 	"github.com/seckill/seckill/bench/internal/report"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/cli"
 	"github.com/seckill/seckill/internal/verify"
 )
 
@@ -39,171 +40,24 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	os.Exit(exitCode(os.Stderr, err))
+}
+
+// exitCode: 0 verdict ok (or -h, -version, a valid -check), 1 verdict FAIL
+// (or an invalid -check), 2 the run could not be made.
+func exitCode(stderr io.Writer, err error) int {
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errDone):
+		return 0
+	case errors.Is(err, cli.ErrCheckFailed):
+		return 1
 	case errors.Is(err, errVerdict):
-		os.Exit(1)
-	case errors.Is(err, flag.ErrHelp):
-		os.Exit(0)
-	default:
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(2)
+		return 1
 	}
-}
-
-// options are the flags beyond the [bench] section.
-type options struct {
-	configPath  string
-	adminToken  string
-	jsonPath    string
-	htmlPath    string
-	quiet       bool
-	beforeDrain string
-	rabbitmqctl string
-}
-
-func parseFlags(args []string, stderr io.Writer) (conf.Config, options, error) {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var o options
-	var (
-		targets, adminURL, sourceNet                    string
-		activity                                        int64
-		stock, limit, users, rate, conns, inflight, ips int
-		retries                                         int
-		duration, warmup, tail, drain, reqTimeout       time.Duration
-		hot                                             float64
-		xff                                             bool
-		mysqlDSN, redisURL, redisPrefix                 string
-		amqpURL, amqpPrefix                             string
-	)
-	fs.StringVar(&o.configPath, "config", conf.DefaultPath, "configuration file; flags override its [bench] section")
-	fs.StringVar(&targets, "targets", "", "comma-separated target URLs (the proxies) [bench] targets")
-	fs.StringVar(&adminURL, "admin-url", "", "backend URL the sale is created through [bench] admin_url")
-	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token of the admin API (default $SECKILL_ADMIN_TOKEN, else [backend] admin_token or admin_token_file)")
-	fs.Int64Var(&activity, "activity", -1, "activity id; 0 picks a fresh one [bench] activity_id")
-	fs.IntVar(&stock, "stock", 0, "units of the sale [bench] stock")
-	fs.IntVar(&limit, "limit", 0, "per-user limit [bench] per_user_limit")
-	fs.IntVar(&users, "users", 0, "distinct users [bench] users")
-	fs.DurationVar(&duration, "duration", 0, "length of the rush [bench] duration")
-	fs.DurationVar(&warmup, "warmup", -1, "warm-up before the rush [bench] warmup")
-	fs.DurationVar(&tail, "tail", -1, "sold-out tail after the rush [bench] tail")
-	fs.IntVar(&rate, "rate", -1, "open loop: requests/s (0: closed loop) [bench] rate")
-	fs.IntVar(&conns, "connections", 0, "closed loop: concurrent clients [bench] connections")
-	fs.IntVar(&inflight, "max-in-flight", 0, "open loop: bound of outstanding requests [bench] max_in_flight")
-	fs.IntVar(&ips, "source-ips", -1, "distinct client source addresses (0: default address) [bench] source_ips")
-	fs.StringVar(&sourceNet, "source-net", "", "loopback CIDR the source addresses come from [bench] source_net")
-	fs.Float64Var(&hot, "hot-share", -1, "fraction of users behind a few shared addresses [bench] hot_share")
-	fs.BoolVar(&xff, "forwarded-for", false, "send client addresses in X-Forwarded-For instead of binding them [bench] forwarded_for")
-	fs.IntVar(&retries, "retries", -1, "retries with the same Idempotency-Key [bench] retries")
-	fs.DurationVar(&reqTimeout, "request-timeout", 0, "bound of one attempt [bench] request_timeout")
-	fs.DurationVar(&drain, "drain-timeout", 0, "bound of the drain wait [bench] drain_timeout")
-	fs.StringVar(&o.jsonPath, "json", "", "write the report as JSON to this file")
-	fs.StringVar(&o.htmlPath, "html", "", "write the report as a self-contained HTML page to this file")
-	fs.StringVar(&mysqlDSN, "mysql-dsn", "", "verifier: MySQL DSN (default [mysql] dsn / $SECKILL_MYSQL_DSN)")
-	fs.StringVar(&redisURL, "redis-url", "", "verifier: Redis URL (default [redis] url / $SECKILL_REDIS_URL)")
-	fs.StringVar(&redisPrefix, "redis-prefix", "", "verifier: Redis key prefix (default [redis] key_prefix / $SECKILL_REDIS_PREFIX)")
-	fs.StringVar(&amqpURL, "amqp-url", "", "drain: RabbitMQ URL (default [rabbitmq] url / $SECKILL_AMQP_URL)")
-	fs.StringVar(&amqpPrefix, "amqp-prefix", "", "drain: RabbitMQ name prefix (default [rabbitmq] prefix / $SECKILL_AMQP_PREFIX)")
-	fs.StringVar(&o.beforeDrain, "before-drain", "", "shell command run after the load and before the drain wait (e.g. start or resume workers)")
-	fs.StringVar(&o.rabbitmqctl, "rabbitmqctl", "auto", "rabbitmqctl used to read unacknowledged messages; \"\" to skip, auto: from PATH")
-	fs.BoolVar(&o.quiet, "quiet", false, "no progress output")
-	if err := fs.Parse(args); err != nil {
-		return conf.Config{}, o, err
-	}
-	if fs.NArg() > 0 {
-		return conf.Config{}, o, fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-
-	var cfg conf.Config
-	var err error
-	if _, statErr := os.Stat(o.configPath); statErr != nil && !set["config"] && errors.Is(statErr, os.ErrNotExist) {
-		cfg, err = conf.Parse("", os.Getenv) // no file here: defaults and env
-	} else {
-		cfg, err = conf.LoadDefault(o.configPath)
-	}
-	if err != nil {
-		return cfg, o, err
-	}
-	b := &cfg.Bench
-	if set["targets"] {
-		b.Targets = nil
-		for _, t := range strings.Split(targets, ",") {
-			if t = strings.TrimSpace(t); t != "" {
-				b.Targets = append(b.Targets, t)
-			}
-		}
-	}
-	str := func(name string, dst *string, v string) {
-		if set[name] {
-			*dst = v
-		}
-	}
-	num := func(name string, dst *int, v int) {
-		if set[name] {
-			*dst = v
-		}
-	}
-	dur := func(name string, dst *conf.Duration, v time.Duration) {
-		if set[name] {
-			dst.Duration = v
-		}
-	}
-	str("admin-url", &b.AdminURL, adminURL)
-	if set["activity"] {
-		b.ActivityID = activity
-	}
-	num("stock", &b.Stock, stock)
-	num("limit", &b.PerUserLimit, limit)
-	num("users", &b.Users, users)
-	dur("duration", &b.Duration, duration)
-	dur("warmup", &b.Warmup, warmup)
-	dur("tail", &b.Tail, tail)
-	num("rate", &b.Rate, rate)
-	num("connections", &b.Connections, conns)
-	num("max-in-flight", &b.MaxInFlight, inflight)
-	num("source-ips", &b.SourceIPs, ips)
-	str("source-net", &b.SourceNet, sourceNet)
-	if set["hot-share"] {
-		b.HotShare = hot
-	}
-	if set["forwarded-for"] {
-		b.ForwardedFor = xff
-	}
-	num("retries", &b.Retries, retries)
-	dur("request-timeout", &b.RequestTimeout, reqTimeout)
-	dur("drain-timeout", &b.DrainTimeout, drain)
-	str("mysql-dsn", &cfg.MySQL.DSN, mysqlDSN)
-	str("redis-url", &cfg.Redis.URL, redisURL)
-	str("redis-prefix", &cfg.Redis.KeyPrefix, redisPrefix)
-	str("amqp-url", &cfg.RabbitMQ.URL, amqpURL)
-	str("amqp-prefix", &cfg.RabbitMQ.Prefix, amqpPrefix)
-	if err := cfg.Validate(); err != nil {
-		return cfg, o, err
-	}
-	if !set["admin-token"] {
-		o.adminToken = os.Getenv(conf.EnvAdminToken)
-		if o.adminToken == "" {
-			// admin_token or admin_token_file, as the backend reads them.
-			tok, err := cfg.Backend.ReadAdminToken()
-			if err != nil {
-				return cfg, o, err
-			}
-			o.adminToken = tok
-		}
-	}
-	if o.adminToken == "" {
-		return cfg, o, errors.New("no admin token: set -admin-token or SECKILL_ADMIN_TOKEN")
-	}
-	if o.rabbitmqctl == "auto" {
-		o.rabbitmqctl = ""
-		if p, err := exec.LookPath("rabbitmqctl"); err == nil {
-			o.rabbitmqctl = p
-		}
-	}
-	return cfg, o, nil
+	fmt.Fprintln(stderr, "bench:", err)
+	return 2
 }
 
 // bucketFor picks the timeline resolution: about 150 points, 100 ms to 5 s.
@@ -213,7 +67,7 @@ func bucketFor(total time.Duration) time.Duration {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, o, err := parseFlags(args, stderr)
+	cfg, o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		return err
 	}

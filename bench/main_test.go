@@ -33,7 +33,7 @@ key_prefix = "file:"
 	t.Setenv("SECKILL_ADMIN_TOKEN", "env-token-123")
 	t.Setenv("SECKILL_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/from_env")
 	cfg, o, err := parseFlags([]string{"-config", p, "-targets", "http://127.0.0.1:2, http://127.0.0.1:3",
-		"-users", "900", "-rate", "0", "-redis-prefix", "flag:", "-activity", "0", "-warmup", "0s"}, io.Discard)
+		"-users", "900", "-rate", "0", "-redis-prefix", "flag:", "-activity", "0", "-warmup", "0s"}, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,12 +64,12 @@ func TestFlagsValidate(t *testing.T) {
 		{[]string{"-hot-share", "2"}, "bench.hot_share: must be between 0 and 1"},
 		{[]string{"-targets", "ftp://x"}, "bench.targets[0]: must be an http://host:port URL"},
 	} {
-		_, _, err := parseFlags(append([]string{"-config", p, "-admin-token", "x"}, c.args...), io.Discard)
+		_, _, err := parseFlags(append([]string{"-config", p, "-admin-token", "x"}, c.args...), io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: got %v, want %q", c.args, err, c.want)
 		}
 	}
-	if _, _, err := parseFlags([]string{"-config", filepath.Join(t.TempDir(), "missing.toml")}, io.Discard); err == nil {
+	if _, _, err := parseFlags([]string{"-config", filepath.Join(t.TempDir(), "missing.toml")}, io.Discard, io.Discard); err == nil {
 		t.Error("an explicit missing config file must be an error")
 	}
 }

@@ -31,6 +31,9 @@ type Backend struct {
 	WriteTimeout   Duration `toml:"write_timeout"`
 	IdleTimeout    Duration `toml:"idle_timeout"`
 	ShutdownGrace  Duration `toml:"shutdown_grace"`
+	// DrainDelay is how long /readyz fails after SIGTERM, while requests are
+	// still served, before the listener closes (load balancers move away).
+	DrainDelay Duration `toml:"drain_delay"`
 }
 
 func defaultBackend() Backend {
@@ -65,6 +68,7 @@ func (b *Backend) validate(p *problems) {
 	checkPositive(p, "backend.write_timeout", b.WriteTimeout)
 	checkPositive(p, "backend.idle_timeout", b.IdleTimeout)
 	checkPositive(p, "backend.shutdown_grace", b.ShutdownGrace)
+	checkNonNegative(p, "backend.drain_delay", b.DrainDelay)
 	if b.PublishTimeout.Duration >= b.ReservationTTL.Duration {
 		p.add("backend.publish_timeout", "must be shorter than backend.reservation_ttl")
 	}

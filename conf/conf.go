@@ -18,6 +18,7 @@ const DefaultPath = "conf/seckill.toml"
 // Config is the whole file. Every binary loads all of it, so one file can drive a
 // whole stack, and uses the sections it needs.
 type Config struct {
+	Log      Log      `toml:"log"`
 	Redis    Redis    `toml:"redis"`
 	MySQL    MySQL    `toml:"mysql"`
 	RabbitMQ RabbitMQ `toml:"rabbitmq"`
@@ -30,6 +31,7 @@ type Config struct {
 // Default returns the configuration used for every key the file leaves out.
 func Default() Config {
 	return Config{
+		Log:      defaultLog(),
 		Redis:    defaultRedis(),
 		MySQL:    defaultMySQL(),
 		RabbitMQ: defaultRabbitMQ(),
@@ -117,6 +119,7 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) validate(p *problems) {
+	c.Log.validate(p)
 	c.Redis.validate(p)
 	c.MySQL.validate(p)
 	c.RabbitMQ.validate(p)
@@ -148,6 +151,7 @@ func (c *Config) applyEnv(env func(string) string, p *problems) {
 			*dst = v
 		}
 	}
+	set(EnvLogLevel, &c.Log.Level)
 	set(EnvRedisURL, &c.Redis.URL)
 	set(EnvRedisKeyPrefix, &c.Redis.KeyPrefix)
 	set(EnvMySQLDSN, &c.MySQL.DSN)

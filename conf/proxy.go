@@ -29,6 +29,9 @@ type Proxy struct {
 	// SoldOutTTL is how long the proxy answers a sold-out activity itself.
 	SoldOutTTL    Duration `toml:"sold_out_ttl"`
 	ShutdownGrace Duration `toml:"shutdown_grace"`
+	// DrainDelay is how long the admin /readyz fails after SIGTERM, while
+	// requests are still forwarded, before the listeners close.
+	DrainDelay Duration `toml:"drain_delay"`
 	// DenyPrefixes are paths answered 404 and never forwarded, unless a rule
 	// allows its client (RuleAccess.AllowFrom).
 	DenyPrefixes []string `toml:"deny_prefixes"`
@@ -151,6 +154,7 @@ func (x *Proxy) validate(p *problems) {
 	checkPositive(p, "proxy.redis_timeout", x.RedisTimeout)
 	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)
 	checkPositive(p, "proxy.shutdown_grace", x.ShutdownGrace)
+	checkNonNegative(p, "proxy.drain_delay", x.DrainDelay)
 	for i, d := range x.DenyPrefixes {
 		if !strings.HasPrefix(d, "/") {
 			p.add(keyIndex("proxy.deny_prefixes", i), "must start with /, got %q", d)

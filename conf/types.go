@@ -32,6 +32,12 @@ func checkPositive(p *problems, key string, d Duration) {
 	}
 }
 
+func checkNonNegative(p *problems, key string, d Duration) {
+	if d.Duration < 0 {
+		p.add(key, "must not be negative, got %q", d.String())
+	}
+}
+
 func checkRange(p *problems, key string, v, lo, hi int) {
 	if v < lo || v > hi {
 		p.add(key, "must be between %d and %d, got %d", lo, hi, v)

@@ -20,6 +20,9 @@ type Worker struct {
 	RepublishAfter    Duration `toml:"republish_after"`
 	ReconcileInterval Duration `toml:"reconcile_interval"`
 	ShutdownGrace     Duration `toml:"shutdown_grace"`
+	// DrainDelay is how long /readyz fails after SIGTERM before the worker
+	// stops consuming and its listener closes.
+	DrainDelay Duration `toml:"drain_delay"`
 }
 
 func defaultWorker() Worker {
@@ -50,6 +53,7 @@ func (w *Worker) validate(p *problems) {
 	checkPositive(p, "worker.republish_after", w.RepublishAfter)
 	checkPositive(p, "worker.reconcile_interval", w.ReconcileInterval)
 	checkPositive(p, "worker.shutdown_grace", w.ShutdownGrace)
+	checkNonNegative(p, "worker.drain_delay", w.DrainDelay)
 	if w.Prefetch < w.BatchSize {
 		p.add("worker.prefetch", "must be at least worker.batch_size (%d), got %d", w.BatchSize, w.Prefetch)
 	}

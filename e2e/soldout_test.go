@@ -23,7 +23,9 @@ func TestProxyKeyedReplayAfterSoldOut(t *testing.T) {
 	t.Parallel()
 	s := stack.New(t, stack.Options{Backends: 1, Workers: 1})
 	sale := s.CreateSale(t, 43, 1, 1)
-	px := startProxy(t, s.Backends[0].Addr)
+	// The test client stands for a trusted front that sets X-User-ID (without
+	// it the proxy drops a client's own X-User-ID).
+	px := s.StartProxy(t, "proxy", "[proxy]\ntrusted_proxies = [\"127.0.0.0/8\"]\n")
 	buy := func(user, key string) (int, string, string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("%s/api/v1/activities/%d/purchase", px.URL(), sale.ID), bytes.NewReader([]byte(`{}`)))
@@ -67,7 +69,7 @@ func TestProxyKeyedReplayAfterSoldOut(t *testing.T) {
 
 func soldOutAnswers(t *testing.T, px *stack.Proc) int {
 	t.Helper()
-	for _, line := range strings.Split(get(t, "http://"+adminAddr(px)+"/metrics"), "\n") {
+	for _, line := range strings.Split(get(t, "http://"+px.AdminAddr+"/metrics"), "\n") {
 		if v, ok := strings.CutPrefix(line, "seckill_proxy_sold_out_answers_total "); ok {
 			n, _ := strconv.ParseFloat(v, 64)
 			return int(n)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -18,30 +19,39 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/cli"
+	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
 	"github.com/seckill/seckill/proxy/internal/edge"
 )
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(context.Background(), os.Args[1:], os.Getenv, log); err != nil {
-		log.Error("proxy stopped", "err", err)
-		os.Exit(1)
-	}
+	err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	cli.Report(os.Stderr, "proxy", err)
+	os.Exit(cli.ExitCode(err))
 }
 
 // run serves until SIGINT/SIGTERM (or ctx ends) and drains; SIGHUP reloads
-// the rules from the file (an invalid file keeps the running rules).
-func run(ctx context.Context, args []string, env func(string) string, log *slog.Logger) error {
+// the rules from the file (an invalid file keeps the running rules). Logs go
+// to logOut.
+func run(ctx context.Context, args []string, env func(string) string, stdout, logOut io.Writer) error {
 	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
-	path := fs.String("config", conf.DefaultPath, "configuration file")
+	flags := cli.AddFlags(fs, "proxy", true)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if done, err := flags.Early(stdout, env, func(c conf.Config) string { return c.Proxy.AdminListen }); done {
+		return err
+	}
+	path := &flags.Config
 	cfg, err := conf.Load(*path, env)
 	if err != nil {
 		return err
 	}
+	log := cli.Logger(logOut, cfg.Log, "proxy")
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	hup := make(chan os.Signal, 1)
@@ -72,6 +82,8 @@ func run(ctx context.Context, args []string, env func(string) string, log *slog.
 		return fmt.Errorf("listen %s: %w", cfg.Proxy.AdminListen, err)
 	}
 	srv, admin := p.Server(log), p.AdminServer(log)
+	var gate shutdown.Gate
+	admin.Handler = gate.Readyz(admin.Handler)
 
 	bg, bgCancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -96,7 +108,10 @@ loop:
 			reload(*path, env, p, log)
 		}
 	}
-	log.Info("proxy draining", "grace", cfg.Proxy.ShutdownGrace.String())
+	if serveErr == nil {
+		gate.Drain(log, cfg.Proxy.DrainDelay.Duration)
+	}
+	log.Info("proxy draining", "grace", cfg.Proxy.ShutdownGrace.Duration)
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.Proxy.ShutdownGrace.Duration)
 	defer scancel()
 	if err := srv.ShutdownWithContext(sctx); err != nil && serveErr == nil {

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -67,7 +67,7 @@ func TestRunReload(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-config", path}, env, slog.New(slog.DiscardHandler)) }()
+	go func() { done <- run(ctx, []string{"-config", path}, env, io.Discard, io.Discard) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

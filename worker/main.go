@@ -10,7 +10,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -27,12 +26,16 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/cli"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
+	"github.com/seckill/seckill/worker/internal/backlog"
 	"github.com/seckill/seckill/worker/internal/consume"
 	"github.com/seckill/seckill/worker/internal/reconcile"
 	"github.com/seckill/seckill/worker/internal/store"
@@ -44,12 +47,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:])
 	stop()
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "worker:", err)
-		}
-		os.Exit(1)
-	}
+	cli.Report(os.Stderr, "worker", err)
+	os.Exit(cli.ExitCode(err))
 }
 
 // run picks the subcommand: a first argument that is not a flag names one;
@@ -63,7 +62,7 @@ func run(ctx context.Context, args []string) error {
 		}
 	}
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	path := fs.String("config", conf.DefaultPath, "configuration file")
+	flags := cli.AddFlags(fs, "worker", command == "")
 	force := false
 	if command == "reconcile" {
 		fs.BoolVar(&force, "force", false, "sync every sale exactly under MySQL's row lock")
@@ -74,11 +73,14 @@ func run(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	cfg, err := conf.LoadDefault(*path)
+	if done, err := flags.Early(os.Stdout, os.Getenv, func(c conf.Config) string { return c.Worker.Listen }); done {
+		return err
+	}
+	cfg, err := conf.LoadDefault(flags.Config)
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "worker")
+	log := cli.Logger(os.Stderr, cfg.Log, "worker")
 	if command == "reconcile" {
 		return reconcileOnce(ctx, cfg, log, force)
 	}
@@ -135,9 +137,13 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	defer rdb.Close()
 	defer db.Close()
 
-	reg := metrics.NewRegistry()
+	reg := metrics.NewRegistry("worker")
 	m := workermetrics.New(reg)
 	sales := reservation.New(rdb, cfg.Redis.KeyPrefix)
+	topo := broker.TopologyFor(cfg.RabbitMQ)
+	queues := backlog.New(rdb, sales, cfg.RabbitMQ.URL, []string{topo.Queue, topo.DeadQueue}, 2*time.Second)
+	defer queues.Close()
+	reg.MustRegister(queues)
 	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), m, log)
 
 	// The sweeper and the reconciler run beside the consumer until ctx ends.
@@ -158,8 +164,9 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Worker.Listen, err)
 	}
+	var gate shutdown.Gate
 	srv := &fasthttp.Server{
-		Handler:               admin(rdb, db, consumer, metrics.Handler(reg)),
+		Handler:               gate.Readyz(admin(rdb, db, consumer, metrics.Handler(reg))),
 		Name:                  "seckill-worker",
 		ReadTimeout:           5 * time.Second,
 		WriteTimeout:          10 * time.Second,
@@ -170,9 +177,21 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("worker started", "listen", ln.Addr().String(), "queue", consume.ConfigFrom(cfg).Topology.Queue)
 
+	// On SIGTERM readiness fails for drain_delay while the worker still
+	// consumes; then consuming stops.
+	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	go func() {
+		select {
+		case <-ctx.Done():
+			gate.Drain(log, cfg.Worker.DrainDelay.Duration)
+		case <-workCtx.Done():
+		}
+		stopWork()
+	}()
 	// The consumer declares the topology on every (re)connect and returns
-	// once ctx ended and its batches in hand are written, acked and settled.
-	cerr := consumer.Run(ctx)
+	// once workCtx ended and its batches in hand are written, acked and settled.
+	cerr := consumer.Run(workCtx)
 	shutCtx, cancelShut := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancelShut()
 	if err := srv.ShutdownWithContext(shutCtx); err != nil {
@@ -191,7 +210,7 @@ func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *r
 	host, _ := os.Hostname()
 	instance := host + ":" + strconv.Itoa(os.Getpid())
 	pm := broker.NewPublisherMetrics(reg, "seckill_worker")
-	backoff := cfg.RabbitMQ.ReconnectMin.Duration
+	bo := backoff.New(cfg.RabbitMQ.ReconnectMin.Duration, cfg.RabbitMQ.ReconnectMax.Duration)
 	for {
 		pub, err := broker.NewPublisher(ctx, broker.PublisherConfigFrom(cfg.RabbitMQ, "seckill-sweeper "+instance), log, pm)
 		if err == nil {
@@ -207,13 +226,11 @@ func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *r
 				return
 			}
 		}
-		log.Warn("sweeper", "err", err, "retry_in", backoff.String())
-		select {
-		case <-ctx.Done():
+		wait := bo.Next()
+		log.Warn("sweeper", "err", err, "retry_in", wait)
+		if !backoff.Sleep(ctx, wait) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, cfg.RabbitMQ.ReconnectMax.Duration)
 	}
 }
 

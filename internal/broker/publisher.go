@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/ordermsg"
 )
@@ -371,21 +372,19 @@ func (p *Publisher) watch(s *session, connClosed <-chan *amqp.Error, tick <-chan
 }
 
 func (p *Publisher) reconnect() *session {
-	wait := p.cfg.ReconnectMin
+	// Jittered, so that every backend does not reconnect in lockstep after a
+	// broker restart.
+	bo := backoff.New(p.cfg.ReconnectMin, p.cfg.ReconnectMax)
 	for {
-		t := time.NewTimer(wait)
-		select {
-		case <-p.ctx.Done():
-			t.Stop()
+		wait := bo.Next()
+		if !backoff.Sleep(p.ctx, wait) {
 			return nil
-		case <-t.C:
 		}
 		s, err := p.connect()
 		if err == nil {
 			return s
 		}
 		p.log.Warn("amqp publisher reconnect failed", "err", err, "retry_in", wait)
-		wait = min(2*wait, p.cfg.ReconnectMax)
 	}
 }
 

@@ -8,12 +8,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/common/expfmt"
 	"github.com/valyala/fasthttp"
+
+	"github.com/seckill/seckill/internal/version"
 )
 
-// NewRegistry returns a registry with the Go runtime and process collectors.
-func NewRegistry() *prometheus.Registry {
+// NewRegistry returns the registry of one binary (component: proxy,
+// backend, worker): the Go runtime (go_*) and process (process_*) collectors
+// and seckill_build_info{component,version,goversion} = 1, which dashboards
+// join on to tell builds apart during a rollout.
+func NewRegistry(component string) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "seckill_build_info",
+		Help: "Always 1; the labels name the component and its build.",
+	}, []string{"component", "version", "goversion"})
+	info.WithLabelValues(component, version.Get(), version.GoVersion()).Set(1)
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), info)
 	return reg
 }
 

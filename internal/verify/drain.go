@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/reservation"
 )
 
@@ -86,9 +86,6 @@ type DrainResult struct {
 	Problem string `json:"problem,omitempty"`
 }
 
-// errNoQueue is a configuration mistake, not a passing blip: Wait ends at once.
-var errNoQueue = errors.New("queue does not exist")
-
 // Wait polls until drained or timeout; tick, when set, sees every observation.
 // A service that cannot be read is tried again until the timeout (a fault test
 // drains across a restart); Wait returns an error when the services could not
@@ -98,8 +95,8 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 	if poll <= 0 {
 		poll = 100 * time.Millisecond
 	}
-	q := &queueReader{url: d.AMQPURL}
-	defer q.close()
+	q := &broker.QueueProbe{URL: d.AMQPURL}
+	defer q.Close()
 
 	start := time.Now()
 	deadline := start.Add(timeout)
@@ -113,10 +110,10 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 	for {
 		st, err := d.observe(ctx, q, activityID)
 		if err != nil {
-			if errors.Is(err, errNoQueue) || time.Now().After(deadline) {
+			if errors.Is(err, broker.ErrNoQueue) || time.Now().After(deadline) {
 				return res, err
 			}
-			q.close()
+			q.Close()
 			select {
 			case <-ctx.Done():
 				return res, ctx.Err()
@@ -166,15 +163,15 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 	return res, nil
 }
 
-func (d *Drainer) observe(ctx context.Context, q *queueReader, id int64) (DrainStatus, error) {
+func (d *Drainer) observe(ctx context.Context, q *broker.QueueProbe, id int64) (DrainStatus, error) {
 	st := DrainStatus{Unacked: -1}
 	var err error
-	if st.Ready, err = q.ready(d.Queue); err != nil {
-		return st, err
+	if st.Ready, err = q.Ready(d.Queue); err != nil {
+		return st, fmt.Errorf("drain: %w (is the backend running with this [rabbitmq] prefix?)", err)
 	}
 	if d.DeadQueue != "" {
-		if st.Dead, err = q.ready(d.DeadQueue); err != nil {
-			return st, err
+		if st.Dead, err = q.Ready(d.DeadQueue); err != nil {
+			return st, fmt.Errorf("drain: %w", err)
 		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -283,49 +280,4 @@ func parseUnacked(out, queue string) (int, bool, error) {
 		}
 	}
 	return -1, false, fmt.Errorf("rabbitmqctl: queue %s not listed", queue)
-}
-
-// queueReader reads queue depths with passive declares; a failed declare
-// closes the channel, so it reopens one (and the connection) when needed.
-type queueReader struct {
-	url  string
-	conn *amqp.Connection
-	ch   *amqp.Channel
-}
-
-func (q *queueReader) ready(name string) (int, error) {
-	if q.conn == nil || q.conn.IsClosed() {
-		conn, err := amqp.Dial(q.url)
-		if err != nil {
-			return 0, fmt.Errorf("drain: connect to rabbitmq: %w", err)
-		}
-		q.conn, q.ch = conn, nil
-	}
-	if q.ch == nil || q.ch.IsClosed() {
-		ch, err := q.conn.Channel()
-		if err != nil {
-			return 0, fmt.Errorf("drain: open channel: %w", err)
-		}
-		q.ch = ch
-	}
-	st, err := q.ch.QueueDeclarePassive(name, true, false, false, false, nil)
-	if err != nil {
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			return 0, fmt.Errorf("drain: %w: %s (is the backend running with this [rabbitmq] prefix?)", errNoQueue, name)
-		}
-		return 0, fmt.Errorf("drain: inspect queue %s: %w", name, err)
-	}
-	return st.Messages, nil
-}
-
-func (q *queueReader) close() {
-	if q.ch != nil {
-		_ = q.ch.Close()
-		q.ch = nil
-	}
-	if q.conn != nil {
-		_ = q.conn.Close()
-		q.conn = nil
-	}
 }

@@ -52,10 +52,12 @@ type Service interface {
 	PutActivity(ctx context.Context, id int64, s sale.Spec) (sale.ActivityView, bool, error)
 }
 
-// Check is one readiness probe.
+// Check is one readiness probe. An Optional check is reported in /readyz's
+// body but does not fail it.
 type Check struct {
-	Name string
-	Fn   func(ctx context.Context) error
+	Name     string
+	Fn       func(ctx context.Context) error
+	Optional bool
 }
 
 // Config of the HTTP edge.
@@ -346,7 +348,7 @@ func (a *API) readyz(ctx *fasthttp.RequestCtx) {
 		err := c.Fn(cctx)
 		cancel()
 		if err != nil {
-			ok = false
+			ok = ok && c.Optional
 			status[c.Name] = err.Error()
 		} else {
 			status[c.Name] = "ok"

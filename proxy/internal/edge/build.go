@@ -37,7 +37,7 @@ func WithTrace(fn func(policy, client string, redisMicros int64)) Option {
 
 // New wires a proxy instance from a validated configuration.
 func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger, opts ...Option) (*Proxy, error) {
-	reg := metrics.NewRegistry()
+	reg := metrics.NewRegistry("proxy")
 	lm := limiter.NewMetrics(reg)
 	id, err := identity.New(cfg.Proxy.TrustedProxies, cfg.Proxy.IPv6Prefix)
 	if err != nil {

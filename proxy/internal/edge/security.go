@@ -43,7 +43,7 @@ type SecurityMetrics struct {
 }
 
 // NewSecurityMetrics registers the gate's counters.
-func NewSecurityMetrics(r prometheus.Registerer) *SecurityMetrics {
+func NewSecurityMetrics(reg prometheus.Registerer) *SecurityMetrics {
 	m := &SecurityMetrics{}
 	m.Denied = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_denied_total",
 		Help: "Requests to a deny_prefixes path answered 404 at the edge, never forwarded."})
@@ -51,7 +51,7 @@ func NewSecurityMetrics(r prometheus.Registerer) *SecurityMetrics {
 		Help: "Client-sent X-User-ID headers removed because the peer is not a trusted proxy."})
 	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "seckill_proxy_jwt_total",
 		Help: "JWT identity: valid and invalid tokens, requests without one, and 401s of rules that require one."}, []string{"result"})
-	r.MustRegister(m.Denied, m.Spoofed, v)
+	reg.MustRegister(m.Denied, m.Spoofed, v)
 	m.JWT.Valid, m.JWT.Invalid, m.JWT.Missing, m.JWT.Refused = v.WithLabelValues("valid"), v.WithLabelValues("invalid"),
 		v.WithLabelValues("missing"), v.WithLabelValues("refused")
 	return m

@@ -97,10 +97,9 @@ func redisNowUS(t *testing.T, rdb *redis.Client) int64 {
 }
 
 // F1: a slot taken from a local lease is held while the request waits for
-// another window (here: the global window's call is slow), and the request
-// is admitted after the slot's score: the slot has slid out of the window
-// by the time the request is really admitted, so the window admits L+1 in
-// an interval shorter than W.
+// another window (here: the global window's call is slow); the request must
+// not be admitted after the slot's score (it would slide out of the window
+// early and let the window admit L+1 in an interval shorter than W).
 func TestHeldLeaseNotSpentAfterScore(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
 	var slowGlobal atomic.Bool
@@ -175,8 +174,8 @@ func TestHeldLeaseNotSpentAfterScore(t *testing.T) {
 
 // F2: a call whose reply is lost (the script ran) falls back to
 // on_redis_error = local, which admits the request; the slot Redis wrote for
-// it is then given back (ZREM) by the next call/sweep, so another instance
-// admits a second request in a window of limit 1.
+// it must stay in the log (not be given back by the next call or sweep), or
+// another instance admits a second request in a window of limit 1.
 func TestLostReplyKeptWhenFallbackAdmits(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
 	opt := rdb.Options()
@@ -206,7 +205,7 @@ func TestLostReplyKeptWhenFallbackAdmits(t *testing.T) {
 	dA := chk(a, rsA, "X")
 	t.Logf("A: outcome %v degraded %v; log members %d", dA.Outcome, dA.Degraded, rdb.ZCard(context.Background(), key).Val())
 	if dA.Outcome != Admit {
-		t.Skip("fallback refused; nothing to show")
+		t.Fatal("on_redis_error = local refused the first request of a window of 1")
 	}
 	if d := chk(b, rsB, "X"); d.Outcome != Limited {
 		t.Fatalf("B before the give-back: %v (Redis counted A's request, want Limited)", d.Outcome)
@@ -297,9 +296,9 @@ func burstWaitersRun(t *testing.T, timeout, busy, reply, lead time.Duration) (ad
 	return out[Admit], out[Unavailable]
 }
 
-// F4: the negative cache outlives the fullness it caches: another instance
-// gives back unspent leased slots, the window has room, yet this instance
-// refuses until the reset it learnt (up to a whole window).
+// F4: the negative cache must not outlive the fullness it caches: another
+// instance gives back unspent leased slots once their time is up, and this
+// instance admits then (not only after the reset it learnt, up to a window).
 func TestNegativeCacheEndsAtLeaseExpiry(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
 	const L, W = 10, 2 * time.Second
@@ -343,9 +342,9 @@ func TestNegativeCacheEndsAtLeaseExpiry(t *testing.T) {
 	}
 }
 
-// F5: a request that becomes a flusher keeps sending other requests' calls
-// until the queue is empty; under sustained load it never returns to its own
-// request ("never blocks longer than about twice the Redis timeout").
+// F5: under sustained load of new clients (every request needs a call) a
+// Check stays within about twice the Redis timeout: a request only queues its
+// calls and waits, it never sends others' calls for them.
 func TestCheckBoundedUnderLoad(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
 	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
@@ -362,6 +361,18 @@ func TestCheckBoundedUnderLoad(t *testing.T) {
 	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: timeout, Instance: "A", Metrics: m})
 	var worst atomic.Int64
 	stop := time.Now().Add(1500 * time.Millisecond)
+	// The machine's own stalls (a loaded box, -race) are not the limiter's:
+	// measure them alongside and allow for them.
+	var stall atomic.Int64
+	go func() {
+		for time.Now().Before(stop) {
+			t0 := time.Now()
+			time.Sleep(time.Millisecond)
+			if d := int64(time.Since(t0) - time.Millisecond); d > stall.Load() {
+				stall.Store(d)
+			}
+		}
+	}()
 	var wg sync.WaitGroup
 	var seq atomic.Int64
 	for g := 0; g < 24; g++ {
@@ -376,16 +387,16 @@ func TestCheckBoundedUnderLoad(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("worst Check latency %v (timeout %v, round trip 20ms)", time.Duration(worst.Load()), timeout)
-	if w := time.Duration(worst.Load()); w > 4*timeout {
+	t.Logf("worst Check latency %v (timeout %v, round trip 20ms, worst scheduling stall %v)",
+		time.Duration(worst.Load()), timeout, time.Duration(stall.Load()))
+	if w := time.Duration(worst.Load()); w > 4*timeout+2*time.Duration(stall.Load()) {
 		t.Errorf("a Check took %v, more than 4x the Redis timeout: its goroutine kept flushing others' calls", w)
 	}
 }
 
-// F1b: the same hole on the common path of a crowd: a new client's request
-// takes a leased GLOBAL slot locally, then waits for its own per-IP call; if
-// that call is slow the global slot is spent after its score and the global
-// window admits L+1 within an interval shorter than W.
+// F1b: the same on the common path of a crowd: a new client's request takes
+// a leased GLOBAL slot locally, then waits for its own slow per-IP call; the
+// global slot must not be spent after its score.
 func TestHeldGlobalLeaseWhilePerIPCallSlow(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
 	var slow atomic.Bool
@@ -440,7 +451,7 @@ func TestHeldGlobalLeaseWhilePerIPCallSlow(t *testing.T) {
 
 // F1c: F1b with a realistic delay: the last leased global slot is taken ~8ms
 // before its local deadline and the new client's per-IP call takes 25ms
-// (inside a 50ms timeout). The window then admits L+1 within W.
+// (inside a 50ms timeout); the window must still admit at most L within W.
 func TestHeldGlobalLeaseSmallDelay(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
 	var slow atomic.Bool
@@ -460,37 +471,49 @@ func TestHeldGlobalLeaseSmallDelay(t *testing.T) {
 	last := map[string]int64{}
 	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 50 * time.Millisecond, Instance: "A", Metrics: m,
 		Trace: func(p, _ string, us int64) { mu.Lock(); last[p] = us; mu.Unlock() }})
-	if chk(l, rs, "c1").Outcome != Admit {
-		t.Fatal("c1")
-	}
+	// Warm up until the global window holds one lease batch (on a loaded
+	// machine a first round may run out of time and spend the lease).
 	g := rs.list[0].global
-	g.mu.Lock()
-	if len(g.batches) != 1 {
+	var until int64
+	for try := 0; ; try++ {
+		if chk(l, rs, fmt.Sprint("w", try)).Outcome != Admit {
+			t.Fatal("warm-up request refused")
+		}
+		g.mu.Lock()
+		n := len(g.batches)
+		if n == 1 {
+			until = g.batches[0].until
+		}
 		g.mu.Unlock()
-		t.Fatal("want one global lease batch")
+		if n == 1 {
+			break
+		}
+		if try == 2 {
+			t.Fatalf("%d global lease batches after %d requests, want one", n, try+1)
+		}
 	}
-	until := g.batches[0].until
-	g.mu.Unlock()
 	time.Sleep(time.Duration(until - mono(time.Now()) - int64(8*time.Millisecond)))
 	slow.Store(true)
-	d := chk(l, rs, "c2")
+	if mono(time.Now()) >= until {
+		t.Skip("scheduler overshoot: c2 would start after the lease ran out, nothing to show; rerun")
+	}
+	// The latest score in the global log before c2: once it slid out, only
+	// c2 (and what was admitted after it) can count.
+	key := prefix + "{rl:g:r}"
+	var maxScore int64
+	for _, z := range rdb.ZRangeWithScores(context.Background(), key, 0, -1).Val() {
+		maxScore = max(maxScore, int64(z.Score))
+	}
+	d := chk(l, rs, "c2") // takes the last leased global slot, its per-IP call outlasts it
 	slow.Store(false)
 	if d.Outcome != Admit || d.Degraded {
 		t.Fatalf("c2: %v degraded %v", d.Outcome, d.Degraded)
 	}
 	mu.Lock()
-	admittedAt, gstamp := last["r-ip"], last["r-global"]
+	admittedAt := max(last["r-ip"], last["r-global"]) // c2's admission moment (upper bounds, Redis µs)
 	mu.Unlock()
-	if admittedAt-gstamp < 10_000 {
-		t.Skipf("c2 did not spend the leased slot (took it %dms before its per-IP grant): scheduler overshoot, rerun", (admittedAt-gstamp)/1000)
-	}
-	// Wait (Redis time) until the global log has dropped c1's lease member.
-	key := prefix + "{rl:g:r}"
-	zs := rdb.ZRangeWithScores(context.Background(), key, 0, -1).Val()
-	var maxScore int64
-	for _, z := range zs {
-		maxScore = max(maxScore, int64(z.Score))
-	}
+	// Wait (Redis time) until the global log has dropped the members from
+	// before c2 (c1's lease).
 	for redisNowUS(t, rdb) <= maxScore+W.Microseconds() {
 		time.Sleep(time.Millisecond)
 	}

@@ -18,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
@@ -130,7 +131,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
-	bo := newBackoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
+	bo := backoff.New(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			c.m.Reconnects.Inc()
@@ -140,11 +141,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return nil
 		}
 		if consumed {
-			bo.reset()
+			bo.Reset()
 		}
-		d := bo.next()
+		d := bo.Next()
 		c.log.Warn("amqp session lost; reconnecting", "err", err, "in", d)
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			return nil
 		}
 	}
@@ -394,7 +395,7 @@ func (c *Consumer) write(ctx context.Context, g *group) bool {
 	for i, o := range g.orders {
 		ids[i] = o.OrderID
 	}
-	bo := newBackoff(c.cfg.RetryMin, c.cfg.RetryMax)
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
 	claimed := false
 	for try := 1; ; try++ {
 		var err error
@@ -429,9 +430,9 @@ func (c *Consumer) write(ctx context.Context, g *group) bool {
 		if ctx.Err() != nil {
 			return false
 		}
-		d := bo.next()
+		d := bo.Next()
 		c.log.Warn("batch not written; retrying", "activity", g.activityID, "orders", len(g.orders), "try", try, "in", d, "err", err)
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			return false
 		}
 	}
@@ -445,7 +446,7 @@ func (c *Consumer) settle(ctx context.Context, g *group) {
 	for i, o := range g.outcomes {
 		s[i] = o.Settlement()
 	}
-	bo := newBackoff(c.cfg.RetryMin, c.cfg.RetryMax)
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
 	for {
 		sctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
 		_, err := c.res.Settle(sctx, g.activityID, s)
@@ -458,9 +459,9 @@ func (c *Consumer) settle(ctx context.Context, g *group) {
 			return
 		}
 		c.m.Retries.WithLabelValues(workermetrics.CauseSettle).Inc()
-		d := bo.next()
+		d := bo.Next()
 		c.log.Warn("settle failed; retrying", "activity", g.activityID, "orders", len(s), "in", d, "err", err)
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			c.log.Error("settle abandoned; the orders stay claimed in Redis until swept", "activity", g.activityID, "orders", len(s))
 			return
 		}
