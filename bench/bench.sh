@@ -9,6 +9,10 @@
 #   4. sold-out tail           sold-out answers/s once the stock is gone
 #   5. drain from a deep queue workers paused (SIGSTOP) during the load, then
 #                              resumed: orders/s written to MySQL
+#   6. memory per order        Redis used_memory (own redis-server when
+#                              installed) and the sale's keys per accepted order
+#                              of run 2 while live, then after it is ended and
+#                              archived
 # Every run is verified (I1–I5); a FAIL verdict is reported in the table.
 #
 # Environment: BENCH_OUT (out/bench), BENCH_DURATION (10s), BENCH_CONNS (128),
@@ -30,7 +34,15 @@ for b in proxy backend worker bench; do
 	[[ -x bin/$b ]] || { echo "bench: bin/$b is missing (make build)" >&2; exit 2; }
 done
 
-trap 'stack_stop' EXIT
+BENCH_REDIS_PID=""
+bench_cleanup() {
+	stack_stop
+	if [[ -n $BENCH_REDIS_PID ]]; then
+		kill "$BENCH_REDIS_PID" 2>/dev/null || true
+		wait "$BENCH_REDIS_PID" 2>/dev/null || true
+	fi
+}
+trap 'bench_cleanup' EXIT
 trap 'echo "bench: interrupted" >&2; exit 130' INT TERM
 
 # 1. The proxy's forward path, from the edge-proxy work.
@@ -41,9 +53,47 @@ if [[ -x scripts/bench-proxy.sh && -z ${BENCH_SKIP_PROXY:-} ]]; then
 fi
 
 stack_init
+# The stack gets a Redis of its own (when redis-server is installed), so that
+# INFO's used_memory is this stack's alone: the memory figures below.
+BENCH_REDIS=shared
+if command -v redis-server >/dev/null 2>&1; then
+	rport=$(stack_free_port) || stack_die "no free port"
+	redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
+		>"$STACK_OUT/logs/redis.log" 2>&1 &
+	BENCH_REDIS_PID=$!
+	for _ in $(seq 1 100); do
+		redis-cli -p "$rport" ping >/dev/null 2>&1 && break
+		sleep 0.05
+	done
+	export SECKILL_REDIS_URL="redis://127.0.0.1:$rport/0"
+	BENCH_REDIS=own
+fi
+rcli() { redis-cli -u "${SECKILL_REDIS_URL:-redis://127.0.0.1:6379/0}" "$@"; }
 # Limits far above what the box can send: this measures the purchase path.
+# The archiver looks every second, one second after a sale's end.
+STACK_EXTRA_TOML='
+[worker]
+archive_interval = "1s"
+archive_grace    = "1s"'
 stack_write_config "$STACK_OUT/seckill.toml" 10000000 10000000
 stack_up "$STACK_OUT/seckill.toml" 2 1
+
+used_memory() { rcli info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'; }
+# used_dataset — used_memory less Redis's own overhead (clients, scripts, the
+# key space's tables): MEMORY STATS dataset.bytes.
+used_dataset() { rcli memory stats | awk 'p == "dataset.bytes" { print; exit } { p = $0 }'; }
+# keys_bytes PATTERN — bytes held by the keys matching PATTERN (MEMORY
+# USAGE, exact); sale_bytes ID — those of one sale.
+keys_bytes() {
+	local k total=0 n
+	while read -r k; do
+		[[ -n $k ]] || continue
+		n=$(rcli memory usage "$k" samples 0)
+		total=$((total + ${n:-0}))
+	done < <(rcli --scan --pattern "$1")
+	echo "$total"
+}
+sale_bytes() { keys_bytes "${SECKILL_REDIS_PREFIX}{act:$1}:*"; }
 
 common=(-config "$STACK_OUT/seckill.toml" -targets "$PROXY_URLS" -admin-url "$BACKEND_URL"
 	-activity 0 -limit 1 -source-ips 200 -hot-share 0 -warmup 1s -drain-timeout 120s -quiet)
@@ -64,8 +114,53 @@ run_bench() { # name args...
 jsonget() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {"d": d}))' "$@"; }
 
 stack_log "2/5 purchase path at max rate"
+mem_before=$(used_memory)
+ds_before=$(used_dataset)
 run_bench max -stock 5000000 -users 20000000 -duration "$DURATION" -tail 0s -connections "$CONNS"
 max_rps=$(jsonget "$STACK_OUT/max.json" 'int(d["summary"]["requests_per_second"])')
+
+# Memory per order: Redis used_memory (and the sale's own keys) per accepted
+# order while the sale is live (drained: every order settled), then after the
+# admin ends it and the archiver archived it.
+max_id=$(jsonget "$STACK_OUT/max.json" 'd["run"]["activity_id"]')
+max_accepted=$(jsonget "$STACK_OUT/max.json" 'd["summary"]["accepted"]')
+mem_live=$(used_memory)
+ds_live=$(used_dataset)
+keys_live=$(sale_bytes "$max_id")
+now=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
+start=$(jsonget "$STACK_OUT/max.json" 'd["run"]["started_at"]')
+curl -fsS -o /dev/null -X PUT -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' \
+	-d "{\"stock\":5000000,\"per_user_limit\":1,\"starts_at\":\"$start\",\"ends_at\":\"$now\"}" \
+	"$BACKEND_URL/admin/v1/activities/$max_id" || stack_die "could not end sale $max_id"
+archived=0
+for _ in $(seq 1 300); do
+	if [[ $(rcli sismember "${SECKILL_REDIS_PREFIX}seckill:activities" "$max_id") == 0 &&
+		-n $(rcli hget "${SECKILL_REDIS_PREFIX}{act:$max_id}:meta" archived) ]]; then
+		archived=1
+		break
+	fi
+	sleep 0.2
+done
+((archived)) || stack_log "sale $max_id was not archived within 60 s"
+mem_archived=$(used_memory)
+ds_archived=$(used_dataset)
+all_archived=$(keys_bytes '*')
+keys_archived=$(sale_bytes "$max_id")
+python3 - "$STACK_OUT/memory.json" "$BENCH_REDIS" "$max_accepted" "$mem_before" "$mem_live" "$keys_live" \
+	"$mem_archived" "$keys_archived" "$archived" "$ds_before" "$ds_live" "$ds_archived" "$all_archived" <<'PY'
+import json, sys
+out, redis, acc, before, live, klive, arch, karch, done, dsb, dsl, dsa, alla = sys.argv[1:]
+acc, before, live, klive, arch, karch, dsb, dsl, dsa, alla = (int(x or 0) for x in (acc, before, live, klive, arch, karch, dsb, dsl, dsa, alla))
+per = lambda b: round(b / acc, 1) if acc else 0
+json.dump({"redis": redis, "accepted_orders": acc, "archived": done == "1",
+           "used_memory_before": before, "used_memory_live": live, "used_memory_archived": arch,
+           "sale_keys_bytes_live": klive, "sale_keys_bytes_archived": karch,
+           "used_memory_per_order_live": per(live - before), "used_memory_per_order_archived": per(arch - before),
+           "sale_keys_per_order_live": per(klive), "sale_keys_per_order_archived": per(karch),
+           "dataset_per_order_live": per(dsl - dsb), "dataset_per_order_archived": per(dsa - dsb),
+           "all_keys_bytes_archived": alla},
+          open(out, "w"), indent=2)
+PY
 
 half=$((max_rps / 2))
 ((half > 0)) || half=1
@@ -94,7 +189,7 @@ def lat(d, cls):
         if l["outcome"] == cls:
             return l
     return {"p50_ms": 0, "p99_ms": 0, "count": 0}
-mx, half, so, dr = load("max"), load("half"), load("soldout"), load("drain")
+mx, half, so, dr, mem = load("max"), load("half"), load("soldout"), load("drain"), load("memory")
 rows = [
     ("purchase, max rate (closed loop)", "accepted orders/s",
      mx["summary"]["accepted"] / max(mx["summary"]["seconds"], 1e-9), "≥ 8000 confirmed/s",
@@ -108,6 +203,12 @@ rows = [
     ("drain from a deep queue", "orders/s",
      dr["drain"]["orders_per_second"], "≥ 20000/s",
      "%d orders in %.2f s" % (dr["drain"]["orders"], dr["drain"]["seconds"]), dr["verdict_line"]),
+    ("Redis memory, live sale (max-rate run, drained)", "used_memory B/order",
+     mem["used_memory_per_order_live"], "≤ 200 B/order",
+     "sale's keys %.1f B/order (MEMORY USAGE), dataset %.1f B/order; %d accepted orders; %s Redis" % (mem["sale_keys_per_order_live"], mem["dataset_per_order_live"], mem["accepted_orders"], mem["redis"]), mx["verdict_line"]),
+    ("Redis memory, same sale archived", "used_memory B/order",
+     mem["used_memory_per_order_archived"], "0 B/order",
+     "sale's keys %d B in all (summary), dataset %.1f B/order%s" % (mem["sale_keys_bytes_archived"], mem["dataset_per_order_archived"], "" if mem["archived"] else "; NOT ARCHIVED"), mx["verdict_line"]),
 ]
 proxy = ""
 p = os.path.join(out, "proxy.txt")

@@ -105,6 +105,7 @@ func TestBadFiles(t *testing.T) {
 		{"negative duration", "[backend]\nredis_timeout = \"-1s\"", []string{"backend.redis_timeout: must be a positive duration"}},
 		{"zero batch", "[worker]\nbatch_size = 0", []string{"worker.batch_size: must be between 1 and 5000, got 0"}},
 		{"prefetch below batch", "[worker]\nprefetch = 10\nbatch_size = 20", []string{"worker.prefetch: must be at least worker.batch_size"}},
+		{"zero archive grace", "[worker]\narchive_grace = \"0s\"", []string{"worker.archive_grace"}},
 		{"bad listen", "[backend]\nlisten = \"8090\"", []string{"backend.listen: must be host:port"}},
 		{"bad redis url", "[redis]\nurl = \"http://x\"", []string{"redis.url:"}},
 		{"dsn without db", "[mysql]\ndsn = \"root@tcp(127.0.0.1:3306)/\"", []string{"mysql.dsn: must name a database"}},

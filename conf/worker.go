@@ -23,6 +23,13 @@ type Worker struct {
 	// DrainDelay is how long /readyz fails after SIGTERM before the worker
 	// stops consuming and its listener closes.
 	DrainDelay Duration `toml:"drain_delay"`
+	// ArchiveInterval is how often the archiver (one worker of the fleet at a
+	// time) looks for sales to archive; ArchiveGrace how long after a sale's
+	// end it waits; ArchiveSummaryTTL how long the counters of an archived
+	// sale stay in Redis (MySQL answers after that).
+	ArchiveInterval   Duration `toml:"archive_interval"`
+	ArchiveGrace      Duration `toml:"archive_grace"`
+	ArchiveSummaryTTL Duration `toml:"archive_summary_ttl"`
 }
 
 func defaultWorker() Worker {
@@ -38,6 +45,9 @@ func defaultWorker() Worker {
 		RepublishAfter:    D(30 * time.Second),
 		ReconcileInterval: D(10 * time.Second),
 		ShutdownGrace:     D(10 * time.Second),
+		ArchiveInterval:   D(30 * time.Second),
+		ArchiveGrace:      D(10 * time.Minute),
+		ArchiveSummaryTTL: D(24 * time.Hour),
 	}
 }
 
@@ -54,6 +64,9 @@ func (w *Worker) validate(p *problems) {
 	checkPositive(p, "worker.reconcile_interval", w.ReconcileInterval)
 	checkPositive(p, "worker.shutdown_grace", w.ShutdownGrace)
 	checkNonNegative(p, "worker.drain_delay", w.DrainDelay)
+	checkPositive(p, "worker.archive_interval", w.ArchiveInterval)
+	checkPositive(p, "worker.archive_grace", w.ArchiveGrace)
+	checkPositive(p, "worker.archive_summary_ttl", w.ArchiveSummaryTTL)
 	if w.Prefetch < w.BatchSize {
 		p.add("worker.prefetch", "must be at least worker.batch_size (%d), got %d", w.BatchSize, w.Prefetch)
 	}

@@ -7,4 +7,5 @@ var (
 	Claim   = load("claim.lua")
 	Settle  = load("settle.lua")
 	Warm    = load("warm.lua")
+	Archive = load("archive.lua")
 )

@@ -10,8 +10,13 @@
 -- A record that Redis lost (restart, flush) is written back in its final state;
 -- the counters then follow MySQL's outcome, and the reconciler repairs any drift
 -- in the safe direction (Redis may lag, never lead). A missing meta hash is
--- never created here: only warm.lua builds a sale.
+-- never created here: only warm.lua builds a sale. An archived sale (its
+-- summary only, see archive.lua) changes nothing: MySQL answers for its
+-- orders, and a late redelivery must not bring records or counters back.
 
+if redis.call('HEXISTS', KEYS[1], 'archived') == 1 then
+  return 0
+end
 local has_meta = redis.call('EXISTS', KEYS[1]) == 1
 local changed, gave_back = 0, false
 for i = 3, #ARGV, 5 do

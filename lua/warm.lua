@@ -7,12 +7,20 @@
 -- ARGV[5] units sold in MySQL, ARGV[6] flags: "u" when user totals follow,
 -- "c" create only (a rebuild: a sale that exists is left alone, since its
 -- settings may be newer than the caller's unlocked read of MySQL),
--- ARGV[7] pub/sub channel, ARGV[8] activity id,
--- ARGV[9..] user id, units pairs (MySQL's per-user totals) when flags has "u"
+-- ARGV[7] pub/sub channel, ARGV[8] activity id, ARGV[9] generation (MySQL's
+-- activities.generation, bumped by every admin change; kept in meta "gen"),
+-- ARGV[10..] user id, units pairs (MySQL's per-user totals) when flags has "u"
+--
+-- An archived sale (meta holds "archived": only the summary is left, see
+-- archive.lua) counts as missing for a newer generation — an admin change
+-- that reopens it rebuilds it whole — and is left alone for the same or an
+-- older one, so a stale read never brings an archived sale back.
 --
 -- Returns
 --   {"updated"}                    settings of a live sale changed
 --   {"exists"}                     create only, and the sale exists: nothing changed
+--   {"archived"}                   the sale is archived at this generation or a
+--                                  newer one: nothing changed
 --   {"created"}                    the sale was built (fresh, or rebuilt after loss)
 --   {"need_users"}                 the sale is missing in Redis, MySQL has sold
 --                                  units, and no user totals were given: call again
@@ -27,7 +35,19 @@ if not total or not limit or not start_ms or not end_ms or not sold or total < 0
   return {'bad_args'}
 end
 local flags = ARGV[6]
-local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending')
+local gen = tonumber(ARGV[9])
+if not gen then
+  return {'bad_args'}
+end
+local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'archived', 'gen')
+local reopen = false
+if cur[4] then
+  if gen <= (tonumber(cur[5]) or 0) then
+    return {'archived'}
+  end
+  reopen = true
+  cur = {false, false, false}
+end
 if cur[1] and string.find(flags, 'c', 1, true) then
   return {'exists'}
 end
@@ -36,7 +56,7 @@ if cur[1] then
   if total < rsold + rpending then
     return {'conflict', rsold, rpending}
   end
-  redis.call('HSET', KEYS[1], 'total', total, 'limit', limit, 'start', start_ms, 'end', end_ms)
+  redis.call('HSET', KEYS[1], 'total', total, 'limit', limit, 'start', start_ms, 'end', end_ms, 'gen', gen)
   if total > tonumber(cur[1]) then
     redis.call('PUBLISH', ARGV[7], ARGV[8])
   end
@@ -48,8 +68,11 @@ end
 if sold > total then
   return {'conflict', sold, 0}
 end
+if reopen then
+  redis.call('DEL', KEYS[1]) -- the summary and its TTL
+end
 redis.call('DEL', KEYS[2])
-for i = 9, #ARGV, 2 do
+for i = 10, #ARGV, 2 do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end
 -- Only the meta hash may have been lost (eviction, a partial flush): open
@@ -70,6 +93,6 @@ for _, oid in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
   end
 end
 redis.call('HSET', KEYS[1], 'total', total, 'sold', sold, 'pending', pending,
-  'limit', limit, 'start', start_ms, 'end', end_ms)
+  'limit', limit, 'start', start_ms, 'end', end_ms, 'gen', gen)
 redis.call('PUBLISH', ARGV[7], ARGV[8])
 return {'created'}

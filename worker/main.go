@@ -4,6 +4,10 @@
 //
 //	worker [-config PATH]                     run a fleet member
 //	worker reconcile [-force] [-config PATH]  one reconciliation pass, printed
+//	worker teardown -yes [-config PATH]       delete the stack's Redis keys (by
+//	                                          key prefix), queues, exchanges and
+//	                                          database: what demo/bench stacks
+//	                                          run when they stop
 package main
 
 import (
@@ -34,7 +38,9 @@ import (
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/shutdown"
+	"github.com/seckill/seckill/internal/teardown"
 	"github.com/seckill/seckill/lua"
+	"github.com/seckill/seckill/worker/internal/archive"
 	"github.com/seckill/seckill/worker/internal/backlog"
 	"github.com/seckill/seckill/worker/internal/consume"
 	"github.com/seckill/seckill/worker/internal/reconcile"
@@ -57,15 +63,18 @@ func run(ctx context.Context, args []string) error {
 	command := ""
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
 		command, args = args[0], args[1:]
-		if command != "reconcile" {
-			return fmt.Errorf("unknown command %q (usage: worker [reconcile [-force]] [-config PATH])", command)
+		if command != "reconcile" && command != "teardown" {
+			return fmt.Errorf("unknown command %q (usage: worker [reconcile [-force] | teardown -yes] [-config PATH])", command)
 		}
 	}
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	flags := cli.AddFlags(fs, "worker", command == "")
-	force := false
-	if command == "reconcile" {
+	force, yes := false, false
+	switch command {
+	case "reconcile":
 		fs.BoolVar(&force, "force", false, "sync every sale exactly under MySQL's row lock")
+	case "teardown":
+		fs.BoolVar(&yes, "yes", false, "really delete the stack's keys, queues, exchanges and database")
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -81,8 +90,15 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	log := cli.Logger(os.Stderr, cfg.Log, "worker")
-	if command == "reconcile" {
+	switch command {
+	case "reconcile":
 		return reconcileOnce(ctx, cfg, log, force)
+	case "teardown":
+		if !yes {
+			return fmt.Errorf("teardown deletes Redis keys under %q, queues and exchanges under %q and database of %s: pass -yes",
+				cfg.Redis.KeyPrefix, cfg.RabbitMQ.Prefix, cfg.MySQL.DSN)
+		}
+		return teardownOnce(ctx, cfg)
 	}
 	return fleet(ctx, cfg, log)
 }
@@ -120,6 +136,16 @@ func reconcileOnce(ctx context.Context, cfg conf.Config, log *slog.Logger, force
 	return err
 }
 
+// teardownOnce removes the stack of cfg and prints what it removed.
+func teardownOnce(ctx context.Context, cfg conf.Config) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	rep, err := teardown.Remove(ctx, cfg)
+	fmt.Printf("teardown: %d Redis keys, queues %v, exchanges %v, database %s (present: %v)\n",
+		rep.RedisKeys, rep.Queues, rep.Exchanges, rep.Database, rep.DatabaseWasPresent)
+	return err
+}
+
 // fleet wires the clients and packages of a fleet member and blocks until ctx
 // ends and the batches in hand are finished.
 func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
@@ -146,9 +172,10 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	reg.MustRegister(queues)
 	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), m, log)
 
-	// The sweeper and the reconciler run beside the consumer until ctx ends.
+	// The sweeper, the reconciler and the archiver run beside the consumer
+	// until ctx ends.
 	var side sync.WaitGroup
-	side.Add(2)
+	side.Add(3)
 	go func() {
 		defer side.Done()
 		sweepLoop(ctx, cfg, rdb, sales, db, reg, log)
@@ -157,6 +184,17 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 		defer side.Done()
 		reconcile.New(db, sales, log, reconcile.NewMetrics(reg), cfg.MySQL.QueryTimeout.Duration).
 			Run(ctx, cfg.Worker.ReconcileInterval.Duration)
+	}()
+	go func() {
+		defer side.Done()
+		archive.New(archive.Config{
+			Interval:     cfg.Worker.ArchiveInterval.Duration,
+			Grace:        cfg.Worker.ArchiveGrace.Duration,
+			SummaryTTL:   cfg.Worker.ArchiveSummaryTTL.Duration,
+			QueryTimeout: cfg.MySQL.QueryTimeout.Duration,
+			Instance:     instanceName(),
+			Locked:       archiveHold(),
+		}, rdb, sales, db, log, archive.NewMetrics(reg)).Run(ctx)
 	}()
 	defer side.Wait()
 
@@ -207,8 +245,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 // sweepLoop runs the sweeper with its own confirming publisher (a connection
 // apart from the consumer's), retrying while the broker is unreachable.
 func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *reservation.Store, db *sql.DB, reg *prometheus.Registry, log *slog.Logger) {
-	host, _ := os.Hostname()
-	instance := host + ":" + strconv.Itoa(os.Getpid())
+	instance := instanceName()
 	pm := broker.NewPublisherMetrics(reg, "seckill_worker")
 	bo := backoff.New(cfg.RabbitMQ.ReconnectMin.Duration, cfg.RabbitMQ.ReconnectMax.Duration)
 	for {
@@ -232,6 +269,12 @@ func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *r
 			return
 		}
 	}
+}
+
+// instanceName names this process as a lease holder.
+func instanceName() string {
+	host, _ := os.Hostname()
+	return host + ":" + strconv.Itoa(os.Getpid())
 }
 
 // admin serves /healthz (the process runs), /readyz (Redis, RabbitMQ and

@@ -79,6 +79,7 @@ type Client interface {
 	HGet(ctx context.Context, key, field string) *redis.StringCmd
 	HGetAll(ctx context.Context, key string) *redis.MapStringStringCmd
 	SAdd(ctx context.Context, key string, members ...any) *redis.IntCmd
+	SRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	SMembers(ctx context.Context, key string) *redis.StringSliceCmd
 	ZRangeByScore(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.StringSliceCmd
 	ZCard(ctx context.Context, key string) *redis.IntCmd
@@ -282,6 +283,10 @@ func (s *Store) Settle(ctx context.Context, activityID int64, orders []Settlemen
 type Sale struct {
 	Total, Sold, Pending, Limit int64
 	Start, End                  time.Time
+	// Gen is the admin generation Redis was last warmed with.
+	Gen int64
+	// Archived: only the summary is left (see lua/archive.lua).
+	Archived bool
 }
 
 // Available is what Redis would still sell.
@@ -302,6 +307,8 @@ type WarmArgs struct {
 	// CreateOnly (a rebuild after loss) leaves a sale that exists alone: its
 	// settings may be newer than the caller's read of MySQL.
 	CreateOnly bool
+	// Gen is MySQL's activities.generation of the row these facts are from.
+	Gen int64
 }
 
 // WarmOutcome tells what Warm did.
@@ -314,6 +321,8 @@ const (
 	WarmNeedUsers WarmOutcome = "need_users"
 	WarmConflict  WarmOutcome = "conflict"
 	WarmExists    WarmOutcome = "exists" // CreateOnly, and the sale exists
+	// WarmArchived: the sale is archived at this generation or a newer one.
+	WarmArchived WarmOutcome = "archived"
 )
 
 // Warm creates or updates a sale in Redis. On WarmConflict the returned Sale
@@ -328,7 +337,7 @@ func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOut
 		flags += "u"
 	}
 	args := []any{a.Total, a.Limit, a.Start.UnixMilli(), a.End.UnixMilli(), a.Sold, flags,
-		Channel(s.prefix), activityID}
+		Channel(s.prefix), activityID, a.Gen}
 	for u, n := range a.Users {
 		if n > 0 {
 			args = append(args, u, n)
@@ -341,6 +350,8 @@ func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOut
 	out := WarmOutcome(str(at(v, 0)))
 	switch out {
 	case WarmUpdated, WarmCreated, WarmNeedUsers, WarmExists:
+	case WarmArchived:
+		return out, Sale{}, nil // not registered: the archiver took it off
 	case WarmConflict:
 		return out, Sale{Sold: num(at(v, 1)), Pending: num(at(v, 2))}, nil
 	default:
@@ -354,7 +365,7 @@ func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOut
 
 // Sale reads the Redis view of an activity; found is false when its keys are gone.
 func (s *Store) Sale(ctx context.Context, activityID int64) (sale Sale, found bool, err error) {
-	v, err := s.rdb.HMGet(ctx, s.Keys(activityID).Meta, "total", "sold", "pending", "limit", "start", "end").Result()
+	v, err := s.rdb.HMGet(ctx, s.Keys(activityID).Meta, "total", "sold", "pending", "limit", "start", "end", "gen", "archived").Result()
 	if err != nil {
 		return Sale{}, false, fmt.Errorf("read activity %d: %w", activityID, err)
 	}
@@ -364,6 +375,7 @@ func (s *Store) Sale(ctx context.Context, activityID int64) (sale Sale, found bo
 	return Sale{
 		Total: num(v[0]), Sold: num(v[1]), Pending: num(v[2]), Limit: num(v[3]),
 		Start: time.UnixMilli(num(v[4])).UTC(), End: time.UnixMilli(num(v[5])).UTC(),
+		Gen: num(v[6]), Archived: v[7] != nil,
 	}, true, nil
 }
 
@@ -421,6 +433,57 @@ func (s *Store) Overdue(ctx context.Context, activityID int64, t time.Time, max 
 		return nil, fmt.Errorf("overdue orders of activity %d: %w", activityID, err)
 	}
 	return ids, nil
+}
+
+// ArchiveOutcome tells what Archive did (see lua/archive.lua).
+type ArchiveOutcome string
+
+// Archive outcomes; only ArchiveDone changed anything.
+const (
+	ArchiveDone     ArchiveOutcome = "archived"
+	ArchiveAlready  ArchiveOutcome = "already"
+	ArchiveMissing  ArchiveOutcome = "missing"
+	ArchiveStale    ArchiveOutcome = "stale"
+	ArchiveOpen     ArchiveOutcome = "open"
+	ArchivePending  ArchiveOutcome = "pending"
+	ArchiveDisagree ArchiveOutcome = "disagree"
+)
+
+// ArchiveArgs are MySQL's facts about a sale, read under its row lock.
+type ArchiveArgs struct {
+	Gen, Total, Sold int64
+	Grace            time.Duration // after the sale's end
+	SummaryTTL       time.Duration // of the summary left behind
+}
+
+// Archive drops an ended sale's per-order and per-user state when Redis agrees
+// with a (the caller holds MySQL's row lock); see lua/archive.lua. gen is the
+// generation of an earlier archive (ArchiveAlready). The caller then takes
+// the id off the activity set (Deactivate).
+func (s *Store) Archive(ctx context.Context, activityID int64, a ArchiveArgs) (out ArchiveOutcome, gen int64, err error) {
+	k := s.Keys(activityID)
+	v, err := lua.Archive.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys},
+		a.Gen, a.Total, a.Sold, a.Grace.Milliseconds(), a.SummaryTTL.Milliseconds()).Slice()
+	if err != nil {
+		return "", 0, fmt.Errorf("archive activity %d: %w", activityID, err)
+	}
+	out = ArchiveOutcome(str(at(v, 0)))
+	switch out {
+	case ArchiveAlready:
+		return out, num(at(v, 1)), nil
+	case ArchiveDone, ArchiveMissing, ArchiveStale, ArchiveOpen, ArchivePending, ArchiveDisagree:
+		return out, 0, nil
+	}
+	return "", 0, fmt.Errorf("archive activity %d: %w: %v", activityID, ErrScript, v)
+}
+
+// Deactivate takes an activity id off the set the sweeper and the reconciler
+// walk (an archived sale).
+func (s *Store) Deactivate(ctx context.Context, activityID int64) error {
+	if err := s.rdb.SRem(ctx, ActiveSet(s.prefix), activityID).Err(); err != nil {
+		return fmt.Errorf("deactivate activity %d: %w", activityID, err)
+	}
+	return nil
 }
 
 // Activities lists the activity ids warmed into this Redis.

@@ -567,3 +567,62 @@ func TestWarmCreateOnlyLeavesAnExistingSale(t *testing.T) {
 		t.Errorf("create-only warm of a lost sale = %s %+v", out, meta(t, st, id))
 	}
 }
+
+// TestWarmOfAnArchivedSale: a summary is left alone by a warm of its own or
+// an older generation (a stale rebuild), and rebuilt whole — users first — by
+// a newer one (an admin change that reopens it).
+func TestWarmOfAnArchivedSale(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	ctx := context.Background()
+	servicetest.Must(t, lua.Preload(ctx, rdb), "preload")
+	st := reservation.New(rdb, prefix)
+	now := redisNow(t, rdb)
+	args := reservation.WarmArgs{Total: 10, Limit: 3, Start: now.Add(-time.Hour), End: now.Add(-time.Minute), Gen: 4, Users: map[string]int64{}}
+	_, _, err := st.Warm(ctx, 1, args)
+	servicetest.Must(t, err, "warm")
+	// Archive with nothing sold (and nothing pending).
+	out, _, err := st.Archive(ctx, 1, reservation.ArchiveArgs{Gen: 4, Total: 10, Sold: 0, Grace: time.Millisecond, SummaryTTL: time.Hour})
+	servicetest.Must(t, err, "archive")
+	if out != reservation.ArchiveDone {
+		t.Fatalf("archive = %s", out)
+	}
+	// Pretend MySQL sold 2 units to alice before the archive.
+	servicetest.Must(t, rdb.HSet(ctx, st.Keys(1).Meta, "sold", 2).Err(), "sold")
+	summary := snapshot(t, rdb, prefix)
+	for _, gen := range []int64{3, 4} {
+		a := args
+		a.Gen, a.Sold, a.Users, a.CreateOnly = gen, 2, map[string]int64{"alice": 2}, true
+		if out, _, err := st.Warm(ctx, 1, a); err != nil || out != reservation.WarmArchived {
+			t.Fatalf("warm of generation %d: %s %v", gen, out, err)
+		}
+	}
+	if got := snapshot(t, rdb, prefix); !reflect.DeepEqual(got, summary) {
+		t.Fatalf("a stale warm changed the summary:\n%v\n%v", summary, got)
+	}
+	a := args
+	a.Gen, a.Sold, a.Users, a.End = 5, 2, nil, now.Add(time.Hour)
+	if out, _, err := st.Warm(ctx, 1, a); err != nil || out != reservation.WarmNeedUsers {
+		t.Fatalf("reopen without users: %s %v", out, err)
+	}
+	if got := snapshot(t, rdb, prefix); !reflect.DeepEqual(got, summary) {
+		t.Fatal("asking for users changed Redis")
+	}
+	a.Users = map[string]int64{"alice": 2}
+	if out, _, err := st.Warm(ctx, 1, a); err != nil || out != reservation.WarmCreated {
+		t.Fatalf("reopen: %s %v", out, err)
+	}
+	s := meta(t, st, 1)
+	if s.Archived || s.Gen != 5 || s.Sold != 2 || s.Total != 10 {
+		t.Errorf("reopened sale %+v", s)
+	}
+	if ttl := rdb.PTTL(ctx, st.Keys(1).Meta).Val(); ttl != -1 {
+		t.Errorf("the reopened sale kept the summary's TTL (%v)", ttl)
+	}
+	if res := reserve(t, st, 1, "alice", "", 2); res.Outcome != reservation.LimitExceeded {
+		t.Errorf("alice over her limit in the reopened sale: %s", res.Outcome)
+	}
+	if res := reserve(t, st, 1, "bob", "", 3); res.Outcome != reservation.Reserved {
+		t.Errorf("bob in the reopened sale: %s", res.Outcome)
+	}
+}

@@ -63,6 +63,29 @@ func Decided(ctx context.Context, q Querier, id int64) ([]reservation.Decided, e
 	return out, nil
 }
 
+// KeyOrder returns MySQL's order of (activity, user, idempotency key), if
+// any. An order released after a failed publish does not count (its client
+// was told nothing was kept and may use the key again), as in Decided.
+func KeyOrder(ctx context.Context, q Querier, id int64, user, key string) (reservation.Decided, bool, error) {
+	rows, err := q.QueryContext(ctx, `SELECT order_id, quantity, status, COALESCE(reason, '') FROM orders
+		WHERE activity_id = ? AND user_id = ? AND idempotency_key = ? AND NOT (status = 'failed' AND reason = 'released')
+		ORDER BY created_at LIMIT 1`, id, user, key)
+	if err != nil {
+		return reservation.Decided{}, false, fmt.Errorf("read the order of a key: %w", err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return reservation.Decided{}, false, rows.Err()
+	}
+	d := reservation.Decided{UserID: user, IdempotencyKey: key}
+	var status string
+	if err := rows.Scan(&d.OrderID, &d.Quantity, &status, &d.Reason); err != nil {
+		return reservation.Decided{}, false, fmt.Errorf("read the order of a key: %w", err)
+	}
+	d.Confirmed = status == "confirmed"
+	return d, true, rows.Err()
+}
+
 // Restore writes MySQL's decided orders of activity id back into Redis after
 // a rebuild (see reservation.Store.Restore).
 func Restore(ctx context.Context, q Querier, store *reservation.Store, id int64) error {

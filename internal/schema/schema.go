@@ -26,6 +26,8 @@ var Statements = []string{
 		per_user_limit INT NOT NULL,
 		starts_at      DATETIME(3) NOT NULL,
 		ends_at        DATETIME(3) NOT NULL,
+		generation     BIGINT NOT NULL DEFAULT 0 COMMENT 'bumped by every admin change; the archiver archives only the generation it checked',
+		archived_at    DATETIME(3) NULL COMMENT 'set when the sale was archived: Redis holds no per-order state of it',
 		created_at     DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
 		updated_at     DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
 		CONSTRAINT activities_stock_nonneg CHECK (stock >= 0),
@@ -96,13 +98,31 @@ func ensureDatabase(ctx context.Context, dc mysql.Config) error {
 	return nil
 }
 
-// Ensure creates every missing table.
+// lifecycleColumns adds the sale lifecycle's columns to a database made
+// before them (IF NOT EXISTS: several processes may run it at once).
+const lifecycleColumns = `ALTER TABLE activities
+	ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0,
+	ADD COLUMN IF NOT EXISTS archived_at DATETIME(3) NULL`
+
+// Ensure creates every missing table and column.
 func Ensure(ctx context.Context, db *sql.DB) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for _, s := range Statements {
 		if _, err := db.ExecContext(ctx, s); err != nil {
 			return fmt.Errorf("create schema: %w", err)
+		}
+	}
+	// Looked up first: an ALTER waits for every open transaction on the
+	// table, which a process starting during a sale should not do.
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.COLUMNS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'activities' AND COLUMN_NAME IN ('generation', 'archived_at')`).Scan(&n); err != nil {
+		return fmt.Errorf("create schema: %w", err)
+	}
+	if n < 2 {
+		if _, err := db.ExecContext(ctx, lifecycleColumns); err != nil {
+			return fmt.Errorf("create schema: add lifecycle columns: %w", err)
 		}
 	}
 	return nil

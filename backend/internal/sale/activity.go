@@ -18,13 +18,16 @@ import (
 type mysqlRow struct {
 	Total, Stock, Sold, Limit int64
 	Start, End                time.Time
+	Gen                       int64 // bumped by every admin change
+	Archived                  bool  // Redis holds no per-order state of the sale
 }
 
-const selectActivity = `SELECT total_stock, stock, sold, per_user_limit, starts_at, ends_at FROM activities WHERE id = ?`
+const selectActivity = `SELECT total_stock, stock, sold, per_user_limit, starts_at, ends_at, generation, archived_at IS NOT NULL
+	FROM activities WHERE id = ?`
 
 func scanActivity(row *sql.Row) (mysqlRow, bool, error) {
 	var a mysqlRow
-	err := row.Scan(&a.Total, &a.Stock, &a.Sold, &a.Limit, &a.Start, &a.End)
+	err := row.Scan(&a.Total, &a.Stock, &a.Sold, &a.Limit, &a.Start, &a.End, &a.Gen, &a.Archived)
 	if errors.Is(err, sql.ErrNoRows) {
 		return mysqlRow{}, false, nil
 	}
@@ -52,27 +55,39 @@ func (s *Service) loadUsers(ctx context.Context, id int64) (map[string]int64, er
 }
 
 // warm writes MySQL's facts a to Redis, loading per-user totals when Redis
-// lost the sale and MySQL has sold units.
+// lost the sale (or archived it, and a reopens it) and MySQL has sold units.
 // With createOnly (a rebuild) a sale that exists in Redis is left alone.
+// A sale built anew gets the records and keys of the orders MySQL decided,
+// so that a client retrying with its Idempotency-Key finds its order.
 func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly bool) (reservation.WarmOutcome, reservation.Sale, error) {
-	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold, CreateOnly: createOnly}
+	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold,
+		CreateOnly: createOnly, Gen: a.Gen}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 	out, sale, err := s.store.Warm(rctx, id, args)
 	cancel()
-	if err != nil || out != reservation.WarmNeedUsers {
-		return out, sale, err
+	if err == nil && out == reservation.WarmNeedUsers {
+		if args.Users, err = s.loadUsers(ctx, id); err != nil {
+			return "", reservation.Sale{}, err
+		}
+		rctx, cancel = context.WithTimeout(ctx, s.cfg.RedisTimeout)
+		out, sale, err = s.store.Warm(rctx, id, args)
+		cancel()
 	}
-	if args.Users, err = s.loadUsers(ctx, id); err != nil {
-		return "", reservation.Sale{}, err
+	if err == nil && out == reservation.WarmCreated {
+		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+		err = salesdb.Restore(qctx, s.db, s.store, id)
+		cancel()
 	}
-	rctx, cancel = context.WithTimeout(ctx, s.cfg.RedisTimeout)
-	defer cancel()
-	return s.store.Warm(rctx, id, args)
+	return out, sale, err
 }
+
+// errArchived: the sale is archived; MySQL answers for it.
+var errArchived = errors.New("sale archived")
 
 // rebuild puts a sale that Redis lost back from MySQL, once per activity at a
 // time however many requests find it missing. found is false when MySQL has
-// no such activity.
+// no such activity; the error is errArchived for an archived sale, which
+// stays out of Redis.
 func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 	ctx = context.WithoutCancel(ctx) // shared by every waiter
 	return s.flight.do(id, func() (bool, error) {
@@ -80,6 +95,10 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		if err != nil || !found {
 			s.m.rebuilt("not_found", err)
 			return false, err
+		}
+		if a.Archived {
+			s.m.rebuilt("archived", nil)
+			return true, errArchived
 		}
 		// Create only: a sale that exists meanwhile (another rebuild, an admin
 		// change) is newer than this unlocked read of MySQL.
@@ -91,15 +110,8 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if out == reservation.WarmCreated {
-			// Orders MySQL decided get their records and keys back, so a
-			// client retrying with its Idempotency-Key finds its order.
-			qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-			err = salesdb.Restore(qctx, s.db, s.store, id)
-			cancel()
-			if err != nil {
-				return false, err
-			}
+		if out == reservation.WarmArchived {
+			return true, errArchived
 		}
 		s.log.Info("activity rebuilt in Redis from MySQL", "activity_id", id, "outcome", out)
 		return true, nil
@@ -292,7 +304,7 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 	if err != nil {
 		return false, err
 	}
-	next := mysqlRow{Total: spec.Stock, Limit: spec.PerUserLimit, Start: spec.StartsAt, End: spec.EndsAt}
+	next := mysqlRow{Total: spec.Stock, Limit: spec.PerUserLimit, Start: spec.StartsAt, End: spec.EndsAt, Gen: old.Gen + 1}
 	if !found {
 		if _, err = tx.ExecContext(qctx, `INSERT INTO activities
 			(id, total_stock, stock, sold, per_user_limit, starts_at, ends_at) VALUES (?, ?, ?, 0, ?, ?, ?)`,
@@ -309,8 +321,10 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 		return false, fmt.Errorf("%w: stock %d is below the %d units MySQL has sold", ErrConflict, spec.Stock, old.Sold)
 	}
 	update := func() error {
+		// A new generation, and no longer archived: whatever the archiver
+		// checked before this change is no longer what it would archive.
 		_, err := tx.ExecContext(qctx, `UPDATE activities SET total_stock = ?, stock = ? - sold,
-			per_user_limit = ?, starts_at = ?, ends_at = ? WHERE id = ?`,
+			per_user_limit = ?, starts_at = ?, ends_at = ?, generation = generation + 1, archived_at = NULL WHERE id = ?`,
 			spec.Stock, spec.Stock, spec.PerUserLimit, spec.StartsAt, spec.EndsAt, id)
 		return err
 	}

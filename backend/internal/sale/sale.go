@@ -16,6 +16,7 @@ import (
 
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/salesdb"
 )
 
 // Errors the HTTP edge maps with errors.Is.
@@ -128,6 +129,9 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	if res.Outcome == reservation.NotFound {
 		missEpoch := s.missing.Epoch()
 		found, err := s.rebuild(ctx, r.ActivityID)
+		if errors.Is(err, errArchived) {
+			return s.archived(ctx, r)
+		}
 		if err != nil {
 			return PurchaseResult{}, fmt.Errorf("%w: rebuild activity %d: %v", ErrUnavailable, r.ActivityID, err)
 		}
@@ -157,11 +161,39 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	case reservation.NotStarted:
 		return PurchaseResult{Outcome: NotStarted}, nil
 	case reservation.Ended:
+		if r.IdempotencyKey != "" {
+			// An archived sale keeps no keys in Redis: MySQL knows them.
+			return s.archived(ctx, r)
+		}
 		return PurchaseResult{Outcome: Ended}, nil
 	case reservation.BadQuantity:
 		return PurchaseResult{Outcome: BadQuantity, Limit: res.Limit}, nil
 	}
 	return PurchaseResult{}, fmt.Errorf("%w: reserve answered %q", ErrUnavailable, res.Outcome)
+}
+
+// archived answers a purchase of a sale that is over and may be archived:
+// a keyed replay gets its order from MySQL (the key is stored with it), any
+// other attempt "ended". While MySQL cannot say, a keyed attempt gets 503.
+func (s *Service) archived(ctx context.Context, r PurchaseRequest) (PurchaseResult, error) {
+	if r.IdempotencyKey == "" {
+		return PurchaseResult{Outcome: Ended}, nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	o, found, err := salesdb.KeyOrder(qctx, s.db, r.ActivityID, r.UserID, r.IdempotencyKey)
+	if err != nil {
+		return PurchaseResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if !found {
+		return PurchaseResult{Outcome: Ended}, nil
+	}
+	status := "failed"
+	if o.Confirmed {
+		status = "confirmed"
+	}
+	s.m.reserved("replay_mysql", 0)
+	return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: true}, nil
 }
 
 // reserve runs reserve.lua with its own timeout; an order id collision (128

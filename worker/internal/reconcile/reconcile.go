@@ -83,12 +83,16 @@ type Report struct {
 	RedisFound            bool
 	RedisTotal, RedisSold int64
 	RedisPending          int64
+	Archived              bool // archived: not compared
 	Unsafe                bool
 	Repairs               []string
 }
 
 func (r Report) String() string {
 	s := fmt.Sprintf("activity %d: mysql total=%d sold=%d | redis ", r.ActivityID, r.MySQLTotal, r.MySQLSold)
+	if r.Archived {
+		return s + "archived"
+	}
 	if !r.RedisFound {
 		s += "missing"
 	} else {
@@ -157,7 +161,7 @@ func (c *Reconciler) activities(ctx context.Context) ([]int64, error) {
 	for _, id := range ids {
 		seen[id] = true
 	}
-	rows, err := c.db.QueryContext(ctx, `SELECT id FROM activities WHERE ends_at > UTC_TIMESTAMP(3) - INTERVAL 1 DAY`)
+	rows, err := c.db.QueryContext(ctx, `SELECT id FROM activities WHERE ends_at > UTC_TIMESTAMP(3) - INTERVAL 1 DAY AND archived_at IS NULL`)
 	if err != nil {
 		return nil, fmt.Errorf("list activities: %w", err)
 	}
@@ -178,6 +182,8 @@ func (c *Reconciler) activities(ctx context.Context) ([]int64, error) {
 type mysqlSale struct {
 	total, sold, stock, limit int64
 	start, end                time.Time
+	gen                       int64
+	archived                  bool
 }
 
 func (c *Reconciler) activity(ctx context.Context, id int64, force bool) (Report, error) {
@@ -192,8 +198,8 @@ func (c *Reconciler) activity(ctx context.Context, id int64, force bool) (Report
 		return rep, err
 	}
 	var ms mysqlSale
-	err = c.db.QueryRowContext(cctx, `SELECT total_stock, sold, stock, per_user_limit, starts_at, ends_at
-		FROM activities WHERE id = ?`, id).Scan(&ms.total, &ms.sold, &ms.stock, &ms.limit, &ms.start, &ms.end)
+	err = c.db.QueryRowContext(cctx, `SELECT total_stock, sold, stock, per_user_limit, starts_at, ends_at, generation, archived_at IS NOT NULL
+		FROM activities WHERE id = ?`, id).Scan(&ms.total, &ms.sold, &ms.stock, &ms.limit, &ms.start, &ms.end, &ms.gen, &ms.archived)
 	if errors.Is(err, sql.ErrNoRows) {
 		// Warmed in Redis, unknown to MySQL: nothing may be sold from it.
 		return rep, fmt.Errorf("activity %d is in Redis but not in MySQL", id)
@@ -202,6 +208,23 @@ func (c *Reconciler) activity(ctx context.Context, id int64, force bool) (Report
 		return rep, fmt.Errorf("read activity %d: %w", id, err)
 	}
 	rep.MySQLTotal, rep.MySQLSold = ms.total, ms.sold
+	if ms.archived && (!found || sale.Archived) {
+		// Archived (the archiver's work): MySQL answers for it, Redis keeps
+		// at most its summary, and nothing walks it any more.
+		rep.Archived = true
+		return rep, c.store.Deactivate(cctx, id)
+	}
+	if found && sale.Archived && sale.Gen >= ms.gen {
+		// Archived in Redis, not yet marked in MySQL: the archiver finishes
+		// it (it walks the set, so the id stays).
+		rep.Archived = true
+		return rep, nil
+	}
+	if found && sale.Archived {
+		// An admin change reopened the sale in MySQL and its Redis write did
+		// not happen: a newer generation rebuilds it whole.
+		found = false
+	}
 	if !found {
 		if err := c.rebuild(cctx, id, ms); err != nil {
 			return rep, err
@@ -251,6 +274,7 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 	out, _, err := c.store.Warm(ctx, id, reservation.WarmArgs{
 		Total: ms.total, Limit: ms.limit, Start: ms.start, End: ms.end, Sold: ms.sold, Users: users,
 		CreateOnly: true, // a sale that exists meanwhile is newer than this read
+		Gen:        ms.gen,
 	})
 	if err != nil {
 		return err
@@ -259,8 +283,8 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 	case reservation.WarmCreated:
 		// Give decided orders their records and idempotency keys back.
 		return salesdb.Restore(ctx, c.db, c.store, id)
-	case reservation.WarmExists:
-		return nil // the backend rebuilt it meanwhile
+	case reservation.WarmExists, reservation.WarmArchived:
+		return nil // the backend rebuilt it meanwhile, or the archiver archived it
 	}
 	return fmt.Errorf("rebuild activity %d: %s", id, out)
 }

@@ -215,3 +215,66 @@ func TestLostSaleIsRebuilt(t *testing.T) {
 		t.Errorf("retry with alice's key after the rebuild: %+v, want a replay of %s", res, ids["alice"])
 	}
 }
+
+// TestArchivedSaleIsNotRebuilt: an archived sale whose summary is gone (its
+// TTL ended, or Redis lost it) is not brought back, and its id leaves the
+// activity set.
+func TestArchivedSaleIsNotRebuilt(t *testing.T) {
+	t.Parallel()
+	r, _ := newRig(t)
+	ctx := context.Background()
+	_, err := r.db.Exec(`UPDATE activities SET archived_at = UTC_TIMESTAMP(3) WHERE id = ?`, act)
+	servicetest.Must(t, err, "archive in MySQL")
+	k := r.store.Keys(act)
+	r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem, k.OrderKeys)
+	if rep := r.pass(t, false); !rep.Archived || len(rep.Repairs) != 0 {
+		t.Fatalf("report %s", rep)
+	}
+	if n := r.rdb.Exists(ctx, k.Meta, k.Users, k.Orders).Val(); n != 0 {
+		t.Errorf("%d keys of the archived sale came back", n)
+	}
+	if ids, _ := r.store.Activities(ctx); len(ids) != 0 {
+		t.Errorf("activity set = %v", ids)
+	}
+	// Gone from the set and archived in MySQL: not even listed any more.
+	reps, err := r.rec.Pass(ctx, true)
+	servicetest.Must(t, err, "forced pass")
+	if len(reps) != 0 {
+		t.Errorf("a forced pass looked at %v", reps)
+	}
+}
+
+// TestReopenedSaleIsRebuiltFromItsSummary: an admin change reopened an
+// archived sale in MySQL (a newer generation) and its Redis write failed; the
+// reconciler rebuilds the sale whole, as the admin change would have.
+func TestReopenedSaleIsRebuiltFromItsSummary(t *testing.T) {
+	t.Parallel()
+	r, ids := newRig(t)
+	ctx := context.Background()
+	k := r.store.Keys(act)
+	// Archived at generation 0 (carol's open reservation dropped with it, as
+	// if released), then reopened in MySQL at generation 1.
+	r.rdb.Del(ctx, k.Users, k.Orders, k.Deadlines, k.Idem, k.OrderKeys)
+	r.rdb.HSet(ctx, k.Meta, "archived", 1, "sold", 3, "pending", 0, "gen", 0)
+	_, err := r.db.Exec(`UPDATE activities SET generation = 1, archived_at = NULL WHERE id = ?`, act)
+	servicetest.Must(t, err, "reopen in MySQL")
+	rep := r.pass(t, false)
+	if rep.Archived || !strings.Contains(strings.Join(rep.Repairs, ";"), "rebuilt") {
+		t.Fatalf("report %s", rep)
+	}
+	s := r.sale(t)
+	if s.Archived || s.Gen != 1 || s.Sold != 3 || s.Pending != 0 {
+		t.Errorf("rebuilt sale %+v", s)
+	}
+	if rec, found, _ := r.store.Order(ctx, act, ids["alice"]); !found || rec.State != reservation.Confirmed {
+		t.Errorf("alice's order after the rebuild: %+v %v", rec, found)
+	}
+	// Same generation in both: the archiver's unfinished archive, left alone.
+	r.rdb.HSet(ctx, k.Meta, "archived", 1, "gen", 1)
+	if rep := r.pass(t, false); !rep.Archived {
+		t.Errorf("report %s", rep)
+	}
+	if ids, _ := r.store.Activities(ctx); len(ids) != 1 {
+		t.Errorf("the archiver's unfinished sale left the set: %v", ids)
+	}
+}

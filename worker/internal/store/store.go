@@ -266,8 +266,8 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 
 	// 2. The sale and its per-user limit (a plain read: the hot row is locked last).
 	var limit int64
-	found := true
-	err = tx.QueryRowContext(ctx, "SELECT per_user_limit FROM activities WHERE id = ?", activityID).Scan(&limit)
+	found, archived := true, false
+	err = tx.QueryRowContext(ctx, "SELECT per_user_limit, archived_at IS NOT NULL FROM activities WHERE id = ?", activityID).Scan(&limit, &archived)
 	if errors.Is(err, sql.ErrNoRows) {
 		found = false
 	} else if err != nil {
@@ -281,6 +281,11 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 		res[i] = Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity}
 		switch {
 		case o.Claim == reservation.Failed:
+			res[i].Reason = ReasonReleased
+		case archived && o.Claim == reservation.Unknown:
+			// The sale was archived with nothing pending: every order not in
+			// MySQL by then had been released, and its record went with the
+			// archive.
 			res[i].Reason = ReasonReleased
 		case !found:
 			res[i].Reason = ReasonActivityNotFound

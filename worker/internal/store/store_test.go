@@ -341,3 +341,31 @@ func TestWriteConcurrent(t *testing.T) {
 		t.Errorf("purchases has %d users, confirmed orders %d", len(bought), len(perUser))
 	}
 }
+
+// TestWriteArchivedSale: once a sale is archived, an order whose Redis record
+// is gone can only have been released (every other order was in MySQL before
+// the archive), so it fails as released and takes no stock; a redelivery of
+// a stored order still reports what MySQL holds.
+func TestWriteArchivedSale(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	st := newStore(t, db)
+	createSale(t, db, 9, 5, 2)
+	stored := order(9, "alice", 1)
+	out, err := st.Write(context.Background(), 9, []store.Order{{Order: stored, Claim: reservation.Claimed}})
+	servicetest.Must(t, err, "write")
+	if !out[0].Confirmed {
+		t.Fatalf("alice: %+v", out[0])
+	}
+	_, err = db.Exec(`UPDATE activities SET archived_at = UTC_TIMESTAMP(3) WHERE id = 9`)
+	servicetest.Must(t, err, "archive")
+	late := order(9, "bob", 1)
+	out, err = st.Write(context.Background(), 9, []store.Order{{Order: late, Claim: reservation.Unknown}, {Order: stored, Claim: reservation.Unknown}})
+	servicetest.Must(t, err, "write after archive")
+	if out[0].Confirmed || out[0].Reason != store.ReasonReleased || !out[1].Confirmed {
+		t.Errorf("after the archive: %+v", out)
+	}
+	if stock, sold := stockSold(t, db, 9); stock != 4 || sold != 1 {
+		t.Errorf("stock %d sold %d, want 4 and 1", stock, sold)
+	}
+}

@@ -19,13 +19,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/worker/internal/lease"
 )
 
 // Publisher re-publishes an order and returns once the broker confirmed it.
@@ -50,7 +50,7 @@ type Sweeper struct {
 	db    *sql.DB
 	pub   Publisher
 	log   *slog.Logger
-	token int64 // fencing token of the lease held, 0 when not held
+	lease *lease.Lease
 }
 
 // New returns a sweeper.
@@ -58,7 +58,9 @@ func New(cfg Config, rdb redis.UniversalClient, store *reservation.Store, db *sq
 	if cfg.Batch <= 0 {
 		cfg.Batch = 500
 	}
-	return &Sweeper{cfg: cfg, rdb: rdb, store: store, db: db, pub: pub, log: log}
+	s := &Sweeper{cfg: cfg, rdb: rdb, store: store, db: db, pub: pub, log: log}
+	s.lease = lease.New(rdb, s.leaseKey(), cfg.Instance, 3*cfg.Interval)
+	return s
 }
 
 // Stats counts what one sweep did.
@@ -95,58 +97,18 @@ func (s *Sweeper) Run(ctx context.Context) error {
 
 func (s *Sweeper) leaseKey() string { return s.store.Prefix() + "seckill:sweeper" }
 
-// renew extends the lease only if this instance's token still holds it.
-var renew = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0`)
-
 // acquire takes or renews the lease; the lease lasts three intervals so that
 // one slow sweep does not hand it over.
 func (s *Sweeper) acquire(ctx context.Context) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	ttl := 3 * s.cfg.Interval
-	if s.token != 0 {
-		n, err := renew.Run(ctx, s.rdb, []string{s.leaseKey()}, s.holder(), ttl.Milliseconds()).Int64()
-		if err != nil {
-			return false, err
-		}
-		if n == 1 {
-			return true, nil
-		}
-		s.token = 0
-	}
-	tok, err := s.rdb.Incr(ctx, s.leaseKey()+":fence").Result()
-	if err != nil {
-		return false, err
-	}
-	s.token = tok
-	ok, err := s.rdb.SetNX(ctx, s.leaseKey(), s.holder(), ttl).Result()
-	if err != nil || !ok {
-		s.token = 0
-		return false, err
-	}
-	return true, nil
+	return s.lease.Acquire(ctx)
 }
 
-func (s *Sweeper) holder() string { return s.cfg.Instance + "#" + strconv.FormatInt(s.token, 10) }
-
-var unlock = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0`)
-
 func (s *Sweeper) releaseLease() {
-	if s.token == 0 {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.QueryTimeout)
 	defer cancel()
-	_ = unlock.Run(ctx, s.rdb, []string{s.leaseKey()}, s.holder()).Err()
-	s.token = 0
+	s.lease.Release(ctx)
 }
 
 // Sweep makes one pass over every warmed activity.

@@ -220,7 +220,7 @@ func TestLeaseIsHeldByOne(t *testing.T) {
 	if ok, _ := b.acquire(ctx); !ok {
 		t.Error("b could not take the released lease")
 	}
-	if b.token <= 1 {
-		t.Errorf("fencing token %d did not grow", b.token)
+	if b.lease.Token() <= 1 {
+		t.Errorf("fencing token %d did not grow", b.lease.Token())
 	}
 }
