@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -108,19 +109,22 @@ func run(ctx context.Context, args []string) error {
 		orders = &crashingPublisher{next: pub, after: n}
 	}
 	svc := sale.New(store, db, orders, sale.Config{
-		ReservationTTL: cfg.Backend.ReservationTTL.Duration,
-		RedisTimeout:   cfg.Backend.RedisTimeout.Duration,
-		PublishTimeout: cfg.Backend.PublishTimeout.Duration,
-		QueryTimeout:   cfg.MySQL.QueryTimeout.Duration,
-		SoldOutTTL:     cfg.Backend.SoldOutTTL.Duration,
+		ReservationTTL:  cfg.Backend.ReservationTTL.Duration,
+		RedisTimeout:    cfg.Backend.RedisTimeout.Duration,
+		PublishTimeout:  cfg.Backend.PublishTimeout.Duration,
+		QueryTimeout:    cfg.MySQL.QueryTimeout.Duration,
+		SoldOutTTL:      cfg.Backend.SoldOutTTL.Duration,
+		StateTTL:        cfg.Backend.StateCacheTTL.Duration,
+		OrderWaitMax:    cfg.Backend.OrderWaitMax.Duration,
+		MaxOrderWaiters: cfg.Backend.MaxOrderWaiters,
+		RecoveryGrace:   cfg.Worker.RepublishAfter.Duration,
 	}, log, sale.NewMetrics(reg))
+	defer svc.Close() // before Redis closes: background undos end first
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		svc.WatchStockEvents(watchCtx, rdb, reservation.Channel(cfg.Redis.KeyPrefix))
-	}()
-	defer func() { stopWatch(); <-watched }()
+	var watched sync.WaitGroup
+	watched.Go(func() { svc.WatchStockEvents(watchCtx, rdb, nil) })
+	watched.Go(func() { svc.WatchOrders(watchCtx, rdb, nil) })
+	defer func() { stopWatch(); watched.Wait() }()
 
 	// Purchases need Redis and the broker; MySQL only to rebuild a sale Redis
 	// lost, so a MySQL blip must not take every backend out of rotation: it
@@ -141,6 +145,7 @@ func run(ctx context.Context, args []string) error {
 		ReadTimeout:     cfg.Backend.ReadTimeout.Duration,
 		WriteTimeout:    cfg.Backend.WriteTimeout.Duration,
 		IdleTimeout:     cfg.Backend.IdleTimeout.Duration,
+		StateTTL:        cfg.Backend.StateCacheTTL.Duration,
 	}, checks, reg, log, api.NewMetrics(reg))
 
 	// Server.

@@ -5,7 +5,9 @@
 #   make demo QUICK=1    the short form (≤ 60 s) that .ci/run runs
 #   make bench           side-by-side performance run -> out/bench/{bench.json,bench.md}
 #   make bench-deps      install headless Chromium (the HTML report test needs it)
-.PHONY: demo bench bench-deps
+#   make bench-read      sale-state reads/s through the proxy: today's path, the
+#                        caches, the sold-out edge answer -> out/bench-read/
+.PHONY: demo bench bench-deps bench-read
 
 QUICK ?=
 
@@ -14,6 +16,9 @@ demo:
 
 bench: build services
 	bench/bench.sh
+
+bench-read: build services
+	scripts/bench-read.sh
 
 # The HTML report test renders the report in headless Chromium; under CI it
 # fails without one, so `make test` installs it first (as root, when missing).

@@ -52,6 +52,8 @@ var configFlags = []configFlag{
 	{"retries", "[bench] retries", "retries with the same Idempotency-Key", func(c *conf.Config) any { return &c.Bench.Retries }},
 	{"request-timeout", "[bench] request_timeout", "bound of one attempt", func(c *conf.Config) any { return &c.Bench.RequestTimeout }},
 	{"drain-timeout", "[bench] drain_timeout", "bound of the drain wait", func(c *conf.Config) any { return &c.Bench.DrainTimeout }},
+	{"state-poll-rate", "[bench] state_poll_rate", "read mix: sale-state GETs/s through the warm-up", func(c *conf.Config) any { return &c.Bench.StatePollRate }},
+	{"order-wait", "[bench] order_wait", "read mix: long-poll of each accepted order, per request (0: none)", func(c *conf.Config) any { return &c.Bench.OrderWait }},
 	{"mysql-dsn", "[mysql] dsn, $SECKILL_MYSQL_DSN", "verifier: MySQL DSN", func(c *conf.Config) any { return &c.MySQL.DSN }},
 	{"redis-url", "[redis] url, $SECKILL_REDIS_URL", "verifier: Redis URL", func(c *conf.Config) any { return &c.Redis.URL }},
 	{"redis-prefix", "[redis] key_prefix, $SECKILL_REDIS_PREFIX", "verifier: Redis key prefix", func(c *conf.Config) any { return &c.Redis.KeyPrefix }},

@@ -102,6 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Rate: b.Rate, Connections: b.Connections, MaxInFlight: b.MaxInFlight,
 		HotShare: b.HotShare, ForwardedFor: b.ForwardedFor,
 		RequestTimeout: b.RequestTimeout.Duration, Retries: b.Retries,
+		StatePollRate: b.StatePollRate, OrderWait: b.OrderWait.Duration,
 	}
 	if b.SourceIPs > 0 {
 		if lc.Sources, err = load.SourceAddrs(b.SourceNet, b.SourceIPs); err != nil {
@@ -150,6 +151,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		problems = append(problems, "drain: "+dres.Problem)
 	}
 
+	// The order waits end as their orders settle (by now all have, or the
+	// drain reported why not); a short bound for the last long-polls.
+	wctx, cancelWaits := context.WithTimeout(ctx, b.OrderWait.Duration+b.RequestTimeout.Duration)
+	runner.WaitReads(wctx)
+	cancelWaits()
+	reads := runner.Reads()
+
 	var api *verify.APIState
 	if st, err := load.FetchState(ctx, b.AdminURL, b.ActivityID); err != nil {
 		problems = append(problems, err.Error())
@@ -175,6 +183,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	rep := report.Build(rr, snap, tl, dres, api, v)
 	rep.Problems = problems
+	rep.Reads = &reads
 	if o.jsonPath != "" {
 		if err := report.WriteFile(o.jsonPath, rep.WriteJSON); err != nil {
 			return err

@@ -34,6 +34,15 @@ type Backend struct {
 	// DrainDelay is how long /readyz fails after SIGTERM, while requests are
 	// still served, before the listener closes (load balancers move away).
 	DrainDelay Duration `toml:"drain_delay"`
+
+	// The read path (docs/read-path.md).
+	// StateCacheTTL: a sale state is answered from the local cache this long.
+	StateCacheTTL Duration `toml:"state_cache_ttl"`
+	// OrderWaitMax bounds ?wait= of GET /api/v1/orders/{id}.
+	OrderWaitMax Duration `toml:"order_wait_max"`
+	// MaxOrderWaiters bounds the long-polls waiting at once; beyond it a
+	// request is answered at once.
+	MaxOrderWaiters int `toml:"max_order_waiters"`
 }
 
 func defaultBackend() Backend {
@@ -51,6 +60,10 @@ func defaultBackend() Backend {
 		IdleTimeout:    D(60 * time.Second),
 		ShutdownGrace:  D(10 * time.Second),
 		AdminFailures:  Window{Limit: 10, Window: D(time.Minute)},
+
+		StateCacheTTL:   D(100 * time.Millisecond),
+		OrderWaitMax:    D(4 * time.Second),
+		MaxOrderWaiters: 20_000,
 	}
 }
 
@@ -69,6 +82,13 @@ func (b *Backend) validate(p *problems) {
 	checkPositive(p, "backend.idle_timeout", b.IdleTimeout)
 	checkPositive(p, "backend.shutdown_grace", b.ShutdownGrace)
 	checkNonNegative(p, "backend.drain_delay", b.DrainDelay)
+	if b.StateCacheTTL.Duration < 0 || b.StateCacheTTL.Duration > time.Minute {
+		p.add("backend.state_cache_ttl", "must be between 0s (no cache) and 1m, got %q", b.StateCacheTTL.String())
+	}
+	if b.OrderWaitMax.Duration < 0 || b.OrderWaitMax.Duration > 5*time.Minute {
+		p.add("backend.order_wait_max", "must be between 0s (no long-polls) and 5m, got %q", b.OrderWaitMax.String())
+	}
+	checkRange(p, "backend.max_order_waiters", b.MaxOrderWaiters, 1, 10_000_000)
 	if b.PublishTimeout.Duration >= b.ReservationTTL.Duration {
 		p.add("backend.publish_timeout", "must be shorter than backend.reservation_ttl")
 	}

@@ -49,6 +49,12 @@ type Bench struct {
 	// SaleLength is how long the created sale stays open after it starts.
 	SaleLength   Duration `toml:"sale_length"`
 	DrainTimeout Duration `toml:"drain_timeout"`
+	// The read mix: StatePollRate sale-state GETs per second through the
+	// warm-up (buyers refreshing the page before the start), and after each
+	// 202 a wait for the order's result with GET /api/v1/orders/{id}?wait=
+	// OrderWait, repeated until it is settled (0: no waits).
+	StatePollRate int      `toml:"state_poll_rate"`
+	OrderWait     Duration `toml:"order_wait"`
 }
 
 func defaultBench() Bench {
@@ -73,6 +79,8 @@ func defaultBench() Bench {
 		Retries:        3,
 		SaleLength:     D(time.Hour),
 		DrainTimeout:   D(60 * time.Second),
+		StatePollRate:  500,
+		OrderWait:      D(3 * time.Second),
 	}
 }
 
@@ -124,4 +132,8 @@ func (b *Bench) validate(p *problems) {
 	checkRange(p, "bench.retries", b.Retries, 0, 100)
 	checkPositive(p, "bench.sale_length", b.SaleLength)
 	checkPositive(p, "bench.drain_timeout", b.DrainTimeout)
+	checkRange(p, "bench.state_poll_rate", b.StatePollRate, 0, 1_000_000)
+	if b.OrderWait.Duration < 0 || b.OrderWait.Duration > time.Minute {
+		p.add("bench.order_wait", "must be between 0s (no waits) and 1m, got %q", b.OrderWait.String())
+	}
 }

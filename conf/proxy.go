@@ -24,6 +24,11 @@ type Proxy struct {
 	UpstreamTimeout Duration `toml:"upstream_timeout"`
 	MaxBodyBytes    int      `toml:"max_body_bytes"`
 	MaxHeaderBytes  int      `toml:"max_header_bytes"`
+	// Concurrency bounds the connections served at once (beyond it new
+	// connections are refused with 503); MaxConnsPerIP bounds them per client
+	// address (0: no bound).
+	Concurrency   int `toml:"concurrency"`
+	MaxConnsPerIP int `toml:"max_conns_per_ip"`
 	// RedisTimeout bounds each limiter call to Redis.
 	RedisTimeout Duration `toml:"redis_timeout"`
 	// SoldOutTTL is how long the proxy answers a sold-out activity itself.
@@ -50,6 +55,9 @@ type Rule struct {
 	OnRedisError string `toml:"on_redis_error"`
 	Shadow       bool   `toml:"shadow"`
 	RuleAccess
+	// ReadCacheTTL: the proxy answers GETs of this rule from its own cache
+	// this long (conf/readcache.go; 0: off).
+	ReadCacheTTL Duration `toml:"read_cache_ttl"`
 }
 
 // Window is a sliding-window limit: at most Limit admitted requests per Window.
@@ -116,6 +124,7 @@ func defaultProxy() Proxy {
 		UpstreamTimeout: D(5 * time.Second),
 		MaxBodyBytes:    1 << 20,
 		MaxHeaderBytes:  8 << 10,
+		Concurrency:     256 * 1024,
 		RedisTimeout:    D(20 * time.Millisecond),
 		SoldOutTTL:      D(time.Second),
 		ShutdownGrace:   D(10 * time.Second),
@@ -151,6 +160,8 @@ func (x *Proxy) validate(p *problems) {
 	checkPositive(p, "proxy.upstream_timeout", x.UpstreamTimeout)
 	checkRange(p, "proxy.max_body_bytes", x.MaxBodyBytes, 1024, 1<<30)
 	checkRange(p, "proxy.max_header_bytes", x.MaxHeaderBytes, 1024, 1<<20)
+	checkRange(p, "proxy.concurrency", x.Concurrency, 1, 10_000_000)
+	checkRange(p, "proxy.max_conns_per_ip", x.MaxConnsPerIP, 0, 10_000_000)
 	checkPositive(p, "proxy.redis_timeout", x.RedisTimeout)
 	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)
 	checkPositive(p, "proxy.shutdown_grace", x.ShutdownGrace)
@@ -189,6 +200,7 @@ func (r *Rule) validate(p *problems, key string, names map[string]bool) {
 	if !strings.HasPrefix(r.PathPrefix, "/") {
 		p.add(key+".path_prefix", "must start with /, got %q", r.PathPrefix)
 	}
+	r.validateReadCache(p, key)
 	if r.PerIP == nil && r.Global == nil {
 		p.add(key, "needs per_ip, global or both")
 	}

@@ -42,6 +42,10 @@ func (r Redis) Options() *redis.Options {
 	o.WriteTimeout = r.WriteTimeout.Duration
 	// Every call gets its own deadline from the caller's context.
 	o.ContextTimeoutEnabled = true
+	// No client-level retries: a command whose reply was lost (EOF, a read
+	// timeout) may have run, and running a script again is the caller's
+	// decision (the purchase path undoes instead; see docs/faults.md).
+	o.MaxRetries = -1
 	return o
 }
 

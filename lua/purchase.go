@@ -4,6 +4,7 @@ package lua
 var (
 	Reserve = load("reserve.lua")
 	Release = load("release.lua")
+	Queued  = load("queued.lua")
 	Claim   = load("claim.lua")
 	Settle  = load("settle.lua")
 	Warm    = load("warm.lua")

@@ -10,14 +10,24 @@
 -- ARGV[5] "user:key" idempotency field (optional, with KEYS[5]): when the order
 --         is released, the field is deleted if it still names this order, so a
 --         client told "503, nothing kept" may retry with the same key
+-- ARGV[6] user id (optional): the backend's undo of a reserve whose outcome it
+--         does not know. With no record, a tombstone "F|0|user||reason" is
+--         written, which a reserve.lua of this order id arriving later refuses
+--         ("undone"); the undo then answers "released" too.
 --
--- Returns {"released"} | {"claimed"} | {"confirmed"} | {"failed"} | {"missing"}
--- (the last four: nothing changed, the state the order is in). A repeat of a
+-- Returns {"released"} | {"claimed"} | {"queued"} | {"confirmed"} | {"failed"} | {"missing"}
+-- (all but the first: nothing changed, the state the order is in; "queued":
+-- pending, but the broker confirmed a message of it — another request of the
+-- same key published it — so a worker will decide it, as after a claim). A repeat of a
 -- release that already happened with the same reason answers "released" again,
 -- so a caller whose first reply was lost (a timeout) may simply retry.
 
 local rec = redis.call('HGET', KEYS[3], ARGV[1])
 if not rec then
+  if ARGV[6] and ARGV[6] ~= '' then
+    redis.call('HSET', KEYS[3], ARGV[1], 'F|0|' .. ARGV[6] .. '||' .. ARGV[2])
+    return {'released'}
+  end
   return {'missing'}
 end
 local state, qty, user, deadline, reason = string.match(rec, '^(%a)|(%d+)|([^|]*)|(%d*)|(.*)$')
@@ -26,6 +36,8 @@ if state == 'F' and reason == ARGV[2] then
 end
 if state == 'C' then
   return {'claimed'}
+elseif state == 'P' and reason == 'q' then
+  return {'queued'}
 elseif state == 'K' then
   return {'confirmed'}
 elseif state == 'F' then

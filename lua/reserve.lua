@@ -5,21 +5,36 @@
 -- KEYS[3] idem       hash  "user:key" -> order id
 -- KEYS[4] orders     hash  order id -> "state|qty|user|deadline_ms|reason"
 -- KEYS[5] deadlines  zset  order id -> deadline (ms) while pending or claimed
--- KEYS[6] keys       hash  order id -> its idempotency key, so that a sweeper
---                          re-publishing the order sends the key to MySQL
+-- KEYS[6] keys       hash  order id -> its idempotency key
+-- KEYS[7] recovering string, set (with an expiry) while a sale rebuilt after a
+--                          Redis loss may still have orders in flight whose keys
+--                          Redis forgot: an unknown key then answers "unsure"
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
--- ARGV[4] new order id, ARGV[5] reservation TTL in ms
+-- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
+-- TTL in ms
+--
+-- Idempotent on the request: the caller picks the order id first, so a
+-- repeat of the same call (a lost reply, a client-side retry) finds its own
+-- record and answers "ok" again without reserving twice; and once the
+-- caller's undo (release.lua) has left a tombstone under that id, a reserve
+-- that arrives late (delayed on the network) is refused with "undone".
 --
 -- Returns a table whose first element is the outcome:
---   {"ok", order_id, deadline_ms}            reserved
---   {"replay", order_id, state, qty}         the key was used before; nothing reserved
+--   {"ok", order_id, deadline_ms}            reserved (now, or by an earlier run of this call)
+--   {"undone", reason}                       the caller's undo ran first: nothing reserved, ever
+--   {"replay", order_id, state, qty, deadline_ms, queued}
+--                                            the key was used before; nothing reserved.
+--                                            queued is 1 once the broker confirmed its message
+--                                            (record field 5 = "q" while P or C)
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
+--   {"unsure"}                               a key Redis does not know, while recovering:
+--                                            it may belong to an order still in the queue
 --   {"bad_quantity", limit}                  quantity outside 1..limit
 --   {"not_started", start_ms} | {"ended", end_ms}
 --   {"limit_exceeded", held, limit}
 --   {"sold_out"}                             no unit is left to sell
 --   {"insufficient", available}              units are left, fewer than asked
---   {"conflict"}                             order id already used
+--   {"conflict"}                             order id used by another user
 -- State letters: P pending, C claimed by a worker, K confirmed, F failed.
 -- All keys share the {act:ID} hash tag; TIME is the only clock; nothing is
 -- written before every check has passed.
@@ -28,16 +43,34 @@ local meta = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'limit', '
 if not meta[1] then
   return {'not_found'}
 end
-local user, key = ARGV[1], ARGV[2]
+local user, key, oid = ARGV[1], ARGV[2], ARGV[4]
+local mine = redis.call('HGET', KEYS[4], oid)
+if mine then
+  local state, _, owner, deadline, reason = string.match(mine, '^(%a)|(%d+)|([^|]*)|(%d*)|(.*)$')
+  if owner ~= user then
+    return {'conflict'}
+  end
+  if state == 'F' then
+    return {'undone', reason}
+  end
+  return {'ok', oid, tonumber(deadline) or 0}
+end
 if key ~= '' then
   local prior = redis.call('HGET', KEYS[3], user .. ':' .. key)
   if prior then
     local rec = redis.call('HGET', KEYS[4], prior)
     if rec then
-      local state, qty = string.match(rec, '^(%a)|(%d+)|')
-      return {'replay', prior, state, tonumber(qty)}
+      local state, qty, _, deadline, reason = string.match(rec, '^(%a)|(%d+)|([^|]*)|(%d*)|(.*)$')
+      local queued = 0
+      if reason == 'q' and (state == 'P' or state == 'C') then
+        queued = 1
+      end
+      return {'replay', prior, state, tonumber(qty), tonumber(deadline) or 0, queued}
     end
-    return {'replay', prior, '?', 0}
+    return {'replay', prior, '?', 0, 0, 0}
+  end
+  if redis.call('EXISTS', KEYS[7]) == 1 then
+    return {'unsure'}
   end
 end
 local qty = tonumber(ARGV[3])
@@ -64,10 +97,6 @@ if available <= 0 then
 end
 if available < qty then
   return {'insufficient', available}
-end
-local oid = ARGV[4]
-if redis.call('HEXISTS', KEYS[4], oid) == 1 then
-  return {'conflict'}
 end
 local deadline = now + tonumber(ARGV[5])
 redis.call('HINCRBY', KEYS[1], 'pending', qty)

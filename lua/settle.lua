@@ -3,10 +3,13 @@
 -- redelivered batch is harmless.
 --
 -- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
--- ARGV[1] pub/sub channel, ARGV[2] activity id, then five values per order:
+-- ARGV[1] stock-event channel, ARGV[2] activity id, ARGV[3] order-event
+-- channel, then five values per order:
 --   order id, outcome ("K" confirmed | "F" failed), reason, quantity, user id
 --
--- Returns the number of orders whose state changed.
+-- Returns the number of orders whose state changed. Those orders are
+-- PUBLISHed once on the order-event channel, one "id|outcome|reason" line
+-- each, so that backends wake the clients waiting for them.
 -- A record that Redis lost (restart, flush) is written back in its final state;
 -- the counters then follow MySQL's outcome, and the reconciler repairs any drift
 -- in the safe direction (Redis may lag, never lead). A missing meta hash is
@@ -18,8 +21,8 @@ if redis.call('HEXISTS', KEYS[1], 'archived') == 1 then
   return 0
 end
 local has_meta = redis.call('EXISTS', KEYS[1]) == 1
-local changed, gave_back = 0, false
-for i = 3, #ARGV, 5 do
+local changed, gave_back, settled = 0, false, {}
+for i = 4, #ARGV, 5 do
   local oid, outcome, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local qty, user = tonumber(ARGV[i + 3]), ARGV[i + 4]
   local rec = redis.call('HGET', KEYS[3], oid)
@@ -51,7 +54,11 @@ for i = 3, #ARGV, 5 do
     redis.call('HSET', KEYS[3], oid, outcome .. '|' .. qty .. '|' .. user .. '|' .. deadline .. '|' .. reason)
     redis.call('ZREM', KEYS[4], oid)
     changed = changed + 1
+    settled[changed] = oid .. '|' .. outcome .. '|' .. reason
   end
+end
+if changed > 0 then
+  redis.call('PUBLISH', ARGV[3], table.concat(settled, '\n'))
 end
 if gave_back then
   redis.call('PUBLISH', ARGV[1], ARGV[2])

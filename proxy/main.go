@@ -88,7 +88,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 	bg, bgCancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Handler.Limiter.Run(bg) })
-	wg.Go(func() { p.Handler.SoldOut.Subscribe(bg, rdb, cfg.Redis.KeyPrefix, log, nil) })
+	wg.Go(func() { p.WatchStockEvents(bg, rdb, log, nil) })
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 	go func() { errc <- admin.Serve(aln) }()

@@ -25,12 +25,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
-	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/cli"
 	"github.com/seckill/seckill/internal/metrics"
@@ -129,6 +127,7 @@ func reconcileOnce(ctx context.Context, cfg conf.Config, log *slog.Logger, force
 	defer rdb.Close()
 	defer db.Close()
 	rec := reconcile.New(db, reservation.New(rdb, cfg.Redis.KeyPrefix), log, nil, cfg.MySQL.QueryTimeout.Duration)
+	rec.SetRecoveryWindow(cfg.Backend.ReservationTTL.Duration + cfg.Worker.RepublishAfter.Duration)
 	reports, err := rec.Pass(ctx, force)
 	for _, r := range reports {
 		fmt.Println(r)
@@ -178,12 +177,13 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	side.Add(3)
 	go func() {
 		defer side.Done()
-		sweepLoop(ctx, cfg, rdb, sales, db, reg, log)
+		sweepLoop(ctx, cfg, rdb, sales, db, log)
 	}()
 	go func() {
 		defer side.Done()
-		reconcile.New(db, sales, log, reconcile.NewMetrics(reg), cfg.MySQL.QueryTimeout.Duration).
-			Run(ctx, cfg.Worker.ReconcileInterval.Duration)
+		rec := reconcile.New(db, sales, log, reconcile.NewMetrics(reg), cfg.MySQL.QueryTimeout.Duration)
+		rec.SetRecoveryWindow(cfg.Backend.ReservationTTL.Duration + cfg.Worker.RepublishAfter.Duration)
+		rec.Run(ctx, cfg.Worker.ReconcileInterval.Duration)
 	}()
 	go func() {
 		defer side.Done()
@@ -242,32 +242,16 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	return cerr
 }
 
-// sweepLoop runs the sweeper with its own confirming publisher (a connection
-// apart from the consumer's), retrying while the broker is unreachable.
-func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *reservation.Store, db *sql.DB, reg *prometheus.Registry, log *slog.Logger) {
-	instance := instanceName()
-	pm := broker.NewPublisherMetrics(reg, "seckill_worker")
-	bo := backoff.New(cfg.RabbitMQ.ReconnectMin.Duration, cfg.RabbitMQ.ReconnectMax.Duration)
-	for {
-		pub, err := broker.NewPublisher(ctx, broker.PublisherConfigFrom(cfg.RabbitMQ, "seckill-sweeper "+instance), log, pm)
-		if err == nil {
-			s := sweep.New(sweep.Config{
-				Interval:       cfg.Worker.SweepInterval.Duration,
-				RepublishAfter: cfg.Worker.RepublishAfter.Duration,
-				QueryTimeout:   cfg.MySQL.QueryTimeout.Duration,
-				Instance:       instance,
-			}, rdb, sales, db, pub, log)
-			err = s.Run(ctx)
-			_ = pub.Close()
-			if err == nil {
-				return
-			}
-		}
-		wait := bo.Next()
-		log.Warn("sweeper", "err", err, "retry_in", wait)
-		if !backoff.Sleep(ctx, wait) {
-			return
-		}
+// sweepLoop runs the sweeper until ctx ends.
+func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *reservation.Store, db *sql.DB, log *slog.Logger) {
+	s := sweep.New(sweep.Config{
+		Interval:     cfg.Worker.SweepInterval.Duration,
+		Grace:        cfg.Worker.RepublishAfter.Duration,
+		QueryTimeout: cfg.MySQL.QueryTimeout.Duration,
+		Instance:     instanceName(),
+	}, rdb, sales, db, log)
+	if err := s.Run(ctx); err != nil {
+		log.Error("sweeper stopped", "err", err)
 	}
 }
 

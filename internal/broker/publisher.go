@@ -169,7 +169,14 @@ type Publisher struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	writes chan struct{} // one per publish in its socket write (bounded)
 }
+
+// maxStalledWrites bounds the publishes whose socket write may be in
+// progress at once; beyond it Publish fails at once (ErrBlocked) instead of
+// piling up goroutines behind a stalled connection.
+const maxStalledWrites = 4096
 
 // session is one connection and its channels.
 type session struct {
@@ -209,7 +216,7 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig, log *slog.Logger, m 
 	if cfg.ReconnectMax < cfg.ReconnectMin {
 		cfg.ReconnectMax = cfg.ReconnectMin
 	}
-	p := &Publisher{cfg: cfg, log: log, metrics: m, done: make(chan struct{})}
+	p := &Publisher{cfg: cfg, log: log, metrics: m, done: make(chan struct{}), writes: make(chan struct{}, maxStalledWrites)}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -458,14 +465,47 @@ func (p *Publisher) publish(ctx context.Context, id string, body []byte) error {
 
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
 	defer cancel()
-	dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange, p.cfg.Topology.RoutingKey,
-		true, false, amqp.Publishing{
-			ContentType:  ordermsg.ContentType,
-			DeliveryMode: amqp.Persistent,
-			MessageId:    id,
-			Timestamp:    time.Now(),
-			Body:         body,
-		})
+	// amqp091 looks at ctx only before the frame is written, and the
+	// channel's publishes share one lock: under flow control (the broker
+	// stops reading the socket) or on a stalled connection the write blocks
+	// and every publish queues behind it, far beyond any timeout. The write
+	// runs on its own goroutine so that the wait is bounded by ctx; at most
+	// maxStalledWrites of them may be stuck at once.
+	select {
+	case p.writes <- struct{}{}:
+	default:
+		pc.forget(id)
+		return fmt.Errorf("%w: %d publishes stuck in the socket write", ErrBlocked, cap(p.writes))
+	}
+	type written struct {
+		dc  *amqp.DeferredConfirmation
+		err error
+	}
+	wrote := make(chan written, 1)
+	go func() {
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange, p.cfg.Topology.RoutingKey,
+			true, false, amqp.Publishing{
+				ContentType:  ordermsg.ContentType,
+				DeliveryMode: amqp.Persistent,
+				MessageId:    id,
+				Timestamp:    time.Now(),
+				Body:         body,
+			})
+		<-p.writes
+		wrote <- written{dc, err}
+	}()
+	var dc *amqp.DeferredConfirmation
+	var err error
+	select {
+	case w := <-wrote:
+		dc, err = w.dc, w.err
+	case <-ctx.Done():
+		// The frame may still be written later: a message whose publisher
+		// gave up, which the caller's compensation (release.lua versus
+		// claim.lua) already tolerates.
+		pc.forget(id)
+		return ErrConfirmTimeout
+	}
 	if err != nil {
 		pc.forget(id)
 		if ctx.Err() != nil {

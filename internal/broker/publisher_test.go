@@ -30,10 +30,42 @@ var (
 // confirm reaches the client) and which it can cut like a network failure.
 type gatedConn struct {
 	net.Conn
-	mu   sync.Mutex
-	open chan struct{} // closed while reads flow
-	cut  chan struct{}
-	once sync.Once
+	mu       sync.Mutex
+	open     chan struct{} // closed while reads flow
+	writable chan struct{} // closed while writes flow
+	cut      chan struct{}
+	once     sync.Once
+}
+
+// Write blocks while the test stalls writes, as a socket does when the
+// broker stops reading it (flow control) and the buffers are full.
+func (c *gatedConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	w := c.writable
+	c.mu.Unlock()
+	if w != nil {
+		select {
+		case <-w:
+		case <-c.cut:
+			return 0, io.ErrClosedPipe
+		}
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *gatedConn) stallWrites() {
+	c.mu.Lock()
+	c.writable = make(chan struct{})
+	c.mu.Unlock()
+}
+
+func (c *gatedConn) resumeWrites() {
+	c.mu.Lock()
+	if c.writable != nil {
+		close(c.writable)
+		c.writable = nil
+	}
+	c.mu.Unlock()
 }
 
 // Read holds what it read until the gate is open: bytes that arrive while
@@ -277,6 +309,41 @@ func TestPublishTimeout(t *testing.T) {
 	}
 	if v := counter(f.met.timedOut); v != 1 {
 		t.Errorf("timeout counter = %v, want 1", v)
+	}
+}
+
+// TestPublishBoundedWhenTheSocketStalls: the broker stops reading (flow
+// control, a stalled link) without a connection.blocked notice, so the first
+// publish blocks inside its socket write holding the channel's lock. Every
+// publish still returns within its own deadline — while the socket is still
+// stalled — and the publisher works again once it drains.
+func TestPublishBoundedWhenTheSocketStalls(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	c := f.dial.last()
+	c.stallWrites()
+	defer c.resumeWrites()
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			errs <- f.pub.Publish(ctx, order(5))
+		}()
+	}
+	for range 3 {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrConfirmTimeout) {
+				t.Errorf("err = %v, want ErrConfirmTimeout", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a publish is stuck behind the stalled socket")
+		}
+	}
+	c.resumeWrites()
+	if err := f.pub.Publish(context.Background(), order(5)); err != nil {
+		t.Fatalf("publish after the stall: %v", err)
 	}
 }
 

@@ -46,26 +46,44 @@ func (s State) String() string { return string(s) }
 // Keys names the Redis keys of one activity. All share the {act:ID} hash tag.
 type Keys struct {
 	Meta, Users, Idem, Orders, Deadlines string
-	// OrderKeys maps an order id to its idempotency key (for re-publishing).
+	// OrderKeys maps an order id to its idempotency key.
 	OrderKeys string
+	// Recovering exists while a sale rebuilt after a Redis loss may have
+	// orders in flight whose keys Redis forgot.
+	Recovering string
 }
 
 // KeysFor returns the keys of activity id under prefix.
 func KeysFor(prefix string, id int64) Keys {
 	base := prefix + "{act:" + strconv.FormatInt(id, 10) + "}:"
 	return Keys{
-		Meta:      base + "meta",
-		Users:     base + "users",
-		Idem:      base + "idem",
-		Orders:    base + "orders",
-		Deadlines: base + "deadlines",
-		OrderKeys: base + "keys",
+		Meta:       base + "meta",
+		Users:      base + "users",
+		Idem:       base + "idem",
+		Orders:     base + "orders",
+		Deadlines:  base + "deadlines",
+		OrderKeys:  base + "keys",
+		Recovering: base + "recovering",
 	}
 }
 
 // Channel is the pub/sub channel on which an activity id is published whenever
 // units become sellable again (a failed order, more stock, a rebuilt sale).
+// It also carries news of an admin change (Store.Announce): every cache of an
+// activity's state or sold-out flag forgets the activity on it.
 func Channel(prefix string) string { return prefix + "seckill:stock-events" }
+
+// OrderChannel is the pub/sub channel on which settle.lua announces the orders
+// it settled, one "order_id|K|" or "order_id|F|reason" line each.
+func OrderChannel(prefix string) string { return prefix + "seckill:order-events" }
+
+// Announce publishes news about an activity (an admin change) on Channel.
+func (s *Store) Announce(ctx context.Context, activityID int64) error {
+	if err := s.rdb.Publish(ctx, Channel(s.prefix), activityID).Err(); err != nil {
+		return fmt.Errorf("announce activity %d: %w", activityID, err)
+	}
+	return nil
+}
 
 // ActiveSet is the set of activity ids that have been warmed into Redis; the
 // sweeper and reconciler walk it. It has no hash tag: it is read, never used in
@@ -84,9 +102,11 @@ type Client interface {
 	ZRangeByScore(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.StringSliceCmd
 	ZCard(ctx context.Context, key string) *redis.IntCmd
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
+	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	ZAddXX(ctx context.Context, key string, members ...redis.Z) *redis.IntCmd
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
 }
 
 // Store runs the purchase-path scripts against one Redis under one key prefix.
@@ -119,6 +139,12 @@ const (
 	SoldOut       Outcome = "sold_out"
 	Insufficient  Outcome = "insufficient"
 	IDConflict    Outcome = "conflict"
+	// Unsure: a key Redis does not know while the sale recovers from a Redis
+	// loss; it may belong to an order still in the queue (ask MySQL).
+	Unsure Outcome = "unsure"
+	// Undone: the caller's undo (release with a tombstone) ran before this
+	// reserve of the same order id; nothing was reserved.
+	Undone Outcome = "undone"
 )
 
 // Request is one purchase attempt.
@@ -127,8 +153,10 @@ type Request struct {
 	UserID         string
 	IdempotencyKey string // "" for none
 	Quantity       int64
-	OrderID        string // used when a new reservation is made
-	TTL            time.Duration
+	// OrderID is chosen before the call: a repeat of the call with the same
+	// id answers Reserved again without reserving twice.
+	OrderID string
+	TTL     time.Duration
 }
 
 // Result of Reserve. Fields beyond Outcome are set where the outcome has them.
@@ -137,7 +165,8 @@ type Result struct {
 	OrderID   string    // Reserved, Replay
 	State     State     // Replay: the order's state now
 	Quantity  int64     // Replay: the original quantity
-	Deadline  time.Time // Reserved
+	Deadline  time.Time // Reserved, Replay (zero when unknown)
+	Queued    bool      // Replay: the broker confirmed the order's message
 	Limit     int64     // BadQuantity, LimitExceeded
 	Held      int64     // LimitExceeded
 	Available int64     // Insufficient
@@ -150,7 +179,7 @@ var ErrScript = errors.New("unexpected script reply")
 func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	k := s.Keys(r.ActivityID)
 	v, err := lua.Reserve.Run(ctx, s.rdb,
-		[]string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys},
+		[]string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys, k.Recovering},
 		r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds()).Slice()
 	if err != nil {
 		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
@@ -169,13 +198,17 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 			res.State = State(st[0])
 		}
 		res.Quantity = num(at(v, 3))
+		if ms := num(at(v, 4)); ms > 0 {
+			res.Deadline = time.UnixMilli(ms)
+		}
+		res.Queued = num(at(v, 5)) == 1
 	case BadQuantity:
 		res.Limit = num(at(v, 1))
 	case LimitExceeded:
 		res.Held, res.Limit = num(at(v, 1)), num(at(v, 2))
 	case Insufficient:
 		res.Available = num(at(v, 1))
-	case NotFound, NotStarted, Ended, SoldOut, IDConflict:
+	case NotFound, NotStarted, Ended, SoldOut, IDConflict, Undone, Unsure:
 	default:
 		return Result{}, fmt.Errorf("reserve activity %d: %w: %v", r.ActivityID, ErrScript, v)
 	}
@@ -189,6 +222,7 @@ type ReleaseOutcome string
 const (
 	Released          ReleaseOutcome = "released"
 	AlreadyClaimed    ReleaseOutcome = "claimed"
+	AlreadyQueued     ReleaseOutcome = "queued" // the broker confirmed a message of it: a worker decides
 	AlreadyConfirmed  ReleaseOutcome = "confirmed"
 	AlreadyFailed     ReleaseOutcome = "failed"
 	ReservationAbsent ReleaseOutcome = "missing"
@@ -205,21 +239,34 @@ func (s *Store) Release(ctx context.Context, activityID int64, orderID, reason s
 	return ReleaseOutcome(str(at(v, 0))), nil
 }
 
-// ReleaseUnpublished is Release for the backend after a failed publish: its
-// client is told that nothing was kept, so when the order is released the
-// idempotency key (if any) is forgotten too and a retry with it reserves anew.
-func (s *Store) ReleaseUnpublished(ctx context.Context, activityID int64, orderID, reason, userID, idemKey string) (ReleaseOutcome, error) {
+// Undo is Release for the backend, whose client is told that nothing was
+// kept (after a failed reserve or publish): when the order is released the
+// idempotency key (if any) is forgotten too, so a retry with it reserves
+// anew; and when no record exists (the reserve has not run, or is still on
+// its way) a tombstone is left that the late reserve refuses. So "released"
+// means: nothing is, or ever will be, reserved under orderID.
+func (s *Store) Undo(ctx context.Context, activityID int64, orderID, reason, userID, idemKey string) (ReleaseOutcome, error) {
 	k := s.Keys(activityID)
 	field := ""
 	if idemKey != "" {
 		field = userID + ":" + idemKey
 	}
 	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem},
-		orderID, reason, Channel(s.prefix), activityID, field).Slice()
+		orderID, reason, Channel(s.prefix), activityID, field, userID).Slice()
 	if err != nil {
 		return "", fmt.Errorf("release %s: %w", orderID, err)
 	}
 	return ReleaseOutcome(str(at(v, 0))), nil
+}
+
+// MarkQueued notes on an order's record that the broker confirmed its
+// message (lua/queued.lua); it reports whether the record was marked.
+func (s *Store) MarkQueued(ctx context.Context, activityID int64, orderID string) (bool, error) {
+	n, err := lua.Queued.Run(ctx, s.rdb, []string{s.Keys(activityID).Orders}, orderID).Int64()
+	if err != nil {
+		return false, fmt.Errorf("mark order %s queued: %w", orderID, err)
+	}
+	return n == 1, nil
 }
 
 // Claim takes orders over for a MySQL write; it returns one state per order id.
@@ -263,8 +310,8 @@ func (s *Store) Settle(ctx context.Context, activityID int64, orders []Settlemen
 		return 0, nil
 	}
 	k := s.Keys(activityID)
-	args := make([]any, 0, 2+5*len(orders))
-	args = append(args, Channel(s.prefix), activityID)
+	args := make([]any, 0, 3+5*len(orders))
+	args = append(args, Channel(s.prefix), activityID, OrderChannel(s.prefix))
 	for _, o := range orders {
 		outcome := "F"
 		if o.Confirmed {
@@ -386,8 +433,15 @@ type Record struct {
 	Quantity int64
 	UserID   string
 	Deadline time.Time
-	Reason   string
+	Reason   string // F: why it failed
+	// Queued (P or C): the broker confirmed the order's message, which is
+	// then safe in the queue.
+	Queued bool
 }
+
+// queuedMark is field 5 of an open (P or C) record whose message the broker
+// confirmed (lua/queued.lua).
+const queuedMark = "q"
 
 // ParseRecord decodes "state|qty|user|deadline_ms|reason".
 func ParseRecord(orderID, raw string) (Record, error) {
@@ -400,6 +454,9 @@ func ParseRecord(orderID, raw string) (Record, error) {
 		return Record{}, fmt.Errorf("order %s: bad quantity in %q", orderID, raw)
 	}
 	rec := Record{OrderID: orderID, State: State(parts[0][0]), Quantity: q, UserID: parts[2], Reason: parts[4]}
+	if rec.State == Pending || rec.State == Claimed {
+		rec.Queued, rec.Reason = rec.Reason == queuedMark, ""
+	}
 	if parts[3] != "" {
 		ms, err := strconv.ParseInt(parts[3], 10, 64)
 		if err != nil {
@@ -541,23 +598,59 @@ func (s *Store) IdempotencyKey(ctx context.Context, activityID int64, orderID st
 	return k, nil
 }
 
-// Forget drops an order from the deadline index (it is already settled).
-func (s *Store) Forget(ctx context.Context, activityID int64, orderID string) error {
-	if err := s.rdb.ZRem(ctx, s.Keys(activityID).Deadlines, orderID).Err(); err != nil {
-		return fmt.Errorf("forget order %s: %w", orderID, err)
+// Forget drops orders from the deadline index (they are settled already).
+func (s *Store) Forget(ctx context.Context, activityID int64, orderIDs ...string) error {
+	if len(orderIDs) == 0 {
+		return nil
+	}
+	m := make([]any, len(orderIDs))
+	for i, id := range orderIDs {
+		m[i] = id
+	}
+	if err := s.rdb.ZRem(ctx, s.Keys(activityID).Deadlines, m...).Err(); err != nil {
+		return fmt.Errorf("forget %d orders of activity %d: %w", len(orderIDs), activityID, err)
 	}
 	return nil
 }
 
-// Postpone moves an order's next look in the deadline index to t; the
-// deadline in its record stays as it was.
-func (s *Store) Postpone(ctx context.Context, activityID int64, orderID string, t time.Time) error {
+// Postpone moves orders' next look in the deadline index to t; the
+// deadlines in their records stay as they were.
+func (s *Store) Postpone(ctx context.Context, activityID int64, t time.Time, orderIDs ...string) error {
+	if len(orderIDs) == 0 {
+		return nil
+	}
+	z := make([]redis.Z, len(orderIDs))
+	for i, id := range orderIDs {
+		z[i] = redis.Z{Score: float64(t.UnixMilli()), Member: id}
+	}
 	// XX: only while the order is still indexed (not settled meanwhile).
-	err := s.rdb.ZAddXX(ctx, s.Keys(activityID).Deadlines, redis.Z{Score: float64(t.UnixMilli()), Member: orderID}).Err()
-	if err != nil {
-		return fmt.Errorf("postpone order %s: %w", orderID, err)
+	if err := s.rdb.ZAddXX(ctx, s.Keys(activityID).Deadlines, z...).Err(); err != nil {
+		return fmt.Errorf("postpone %d orders of activity %d: %w", len(orderIDs), activityID, err)
 	}
 	return nil
+}
+
+// Records reads the records of orderIDs in one round trip, in order; an
+// order without a record gets the zero Record (OrderID "").
+func (s *Store) Records(ctx context.Context, activityID int64, orderIDs []string) ([]Record, error) {
+	out := make([]Record, len(orderIDs))
+	if len(orderIDs) == 0 {
+		return out, nil
+	}
+	raw, err := s.rdb.HMGet(ctx, s.Keys(activityID).Orders, orderIDs...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read %d orders of activity %d: %w", len(orderIDs), activityID, err)
+	}
+	for i, r := range raw {
+		rs, ok := r.(string)
+		if !ok {
+			continue
+		}
+		if out[i], err = ParseRecord(orderIDs[i], rs); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // SyncResult reports what Sync changed.
@@ -620,6 +713,16 @@ func (s *Store) Open(ctx context.Context, activityID int64, max int64) ([]Record
 		}
 	}
 	return out, nil
+}
+
+// MarkRecovering makes reserve.lua answer Unsure to keys it does not know,
+// for d: set before a sale lost by Redis is rebuilt, so that a keyed retry of
+// an order still in the queue is never handed a second order id.
+func (s *Store) MarkRecovering(ctx context.Context, activityID int64, d time.Duration) error {
+	if err := s.rdb.Set(ctx, s.Keys(activityID).Recovering, "1", d).Err(); err != nil {
+		return fmt.Errorf("mark activity %d recovering: %w", activityID, err)
+	}
+	return nil
 }
 
 // Decided is an order MySQL holds, for Restore.

@@ -225,7 +225,8 @@ func TestReserveIdempotentReplay(t *testing.T) {
 	// Same key, other quantity (even an invalid one): the key is checked first.
 	for _, qty := range []int64{2, 1, 0, 99} {
 		r := reserve(t, st, id, "u", "key", qty)
-		want := reservation.Result{Outcome: reservation.Replay, OrderID: first.OrderID, State: reservation.Pending, Quantity: 2}
+		want := reservation.Result{Outcome: reservation.Replay, OrderID: first.OrderID, State: reservation.Pending, Quantity: 2,
+			Deadline: first.Deadline}
 		if r != want {
 			t.Errorf("replay qty %d = %+v, want %+v", qty, r, want)
 		}
@@ -296,7 +297,7 @@ func TestReleaseVersusClaim(t *testing.T) {
 		if states[0] != reservation.Claimed {
 			t.Fatalf("claim = %s", states[0])
 		}
-		out, err := st.ReleaseUnpublished(ctx, id, r.OrderID, "publish_failed", "a", "ka")
+		out, err := st.Undo(ctx, id, r.OrderID, "publish_failed", "a", "ka")
 		servicetest.Must(t, err, "release")
 		if out != reservation.AlreadyClaimed {
 			t.Fatalf("release after claim = %s, want claimed", out)
@@ -322,7 +323,7 @@ func TestReleaseVersusClaim(t *testing.T) {
 	t.Run("release first", func(t *testing.T) {
 		r := reserve(t, st, id, "b", "kb", 1)
 		before := meta(t, st, id)
-		out, err := st.ReleaseUnpublished(ctx, id, r.OrderID, "publish_failed", "b", "kb")
+		out, err := st.Undo(ctx, id, r.OrderID, "publish_failed", "b", "kb")
 		servicetest.Must(t, err, "release")
 		if out != reservation.Released {
 			t.Fatalf("release = %s", out)
@@ -370,7 +371,7 @@ func TestReleaseRetryIsIdempotent(t *testing.T) {
 	warm(t, st, rdb, id, sale{total: 5, limit: 3, start: -time.Hour, end: time.Hour})
 	r := reserve(t, st, id, "c", "kc", 2)
 	for i := range 2 {
-		out, err := st.ReleaseUnpublished(ctx, id, r.OrderID, "publish_failed", "c", "kc")
+		out, err := st.Undo(ctx, id, r.OrderID, "publish_failed", "c", "kc")
 		servicetest.Must(t, err, "release %d", i)
 		if out != reservation.Released {
 			t.Fatalf("release %d = %s, want released", i, out)
@@ -624,5 +625,170 @@ func TestWarmOfAnArchivedSale(t *testing.T) {
 	}
 	if res := reserve(t, st, 1, "bob", "", 3); res.Outcome != reservation.Reserved {
 		t.Errorf("bob in the reopened sale: %s", res.Outcome)
+	}
+}
+
+// TestReserveIsIdempotentOnTheOrderID: the order id is chosen before the
+// call, so a repeat of the same call (a lost reply, a client-level retry)
+// answers ok with the same deadline and reserves nothing more — with a key
+// too, where it must not answer "replay" (that would skip the publish).
+func TestReserveIsIdempotentOnTheOrderID(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	const id = 21
+	warm(t, st, rdb, id, sale{total: 5, limit: 2, start: -time.Hour, end: time.Hour})
+	for _, key := range []string{"", "k"} {
+		req := reservation.Request{ActivityID: id, UserID: "u" + key, IdempotencyKey: key, Quantity: 1,
+			OrderID: ordermsg.NewOrderID(id), TTL: ttl}
+		first, err := st.Reserve(context.Background(), req)
+		servicetest.Must(t, err, "reserve")
+		before := snapshot(t, rdb, prefix)
+		again, err := st.Reserve(context.Background(), req)
+		servicetest.Must(t, err, "repeat")
+		if again != first || first.Outcome != reservation.Reserved {
+			t.Errorf("key %q: repeat = %+v, first %+v", key, again, first)
+		}
+		if after := snapshot(t, rdb, prefix); !reflect.DeepEqual(before, after) {
+			t.Errorf("key %q: the repeat wrote to Redis", key)
+		}
+		// Another user cannot take the id over.
+		other := req
+		other.UserID, other.IdempotencyKey = "intruder", ""
+		if r, err := st.Reserve(context.Background(), other); err != nil || r.Outcome != reservation.IDConflict {
+			t.Errorf("key %q: other user's reserve of the id = %+v %v", key, r, err)
+		}
+	}
+	if s := meta(t, st, id); s.Pending != 2 {
+		t.Errorf("pending %d, want 2", s.Pending)
+	}
+}
+
+// TestUndoBeforeReserveLeavesATombstone: the backend's undo reaches Redis
+// before its delayed reserve. The undo leaves a tombstone and answers
+// released; the late reserve is refused and writes nothing, so the 503 keeps
+// nothing. Repeating the undo answers released again.
+func TestUndoBeforeReserveLeavesATombstone(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 22
+	warm(t, st, rdb, id, sale{total: 5, limit: 2, start: -time.Hour, end: time.Hour})
+	req := reservation.Request{ActivityID: id, UserID: "u", IdempotencyKey: "k", Quantity: 2,
+		OrderID: ordermsg.NewOrderID(id), TTL: ttl}
+	for range 2 {
+		out, err := st.Undo(ctx, id, req.OrderID, "reserve_failed", "u", "k")
+		servicetest.Must(t, err, "undo")
+		if out != reservation.Released {
+			t.Fatalf("undo = %s, want released", out)
+		}
+	}
+	before := snapshot(t, rdb, prefix)
+	res, err := st.Reserve(ctx, req)
+	servicetest.Must(t, err, "late reserve")
+	if res.Outcome != reservation.Undone {
+		t.Fatalf("late reserve = %+v, want undone", res)
+	}
+	if after := snapshot(t, rdb, prefix); !reflect.DeepEqual(before, after) {
+		t.Error("the refused reserve wrote to Redis")
+	}
+	if s := meta(t, st, id); s.Pending != 0 || s.Sold != 0 {
+		t.Errorf("sale %+v, want nothing reserved", s)
+	}
+	// The key was never bound: the client's retry with it reserves anew.
+	retry := req
+	retry.OrderID = ordermsg.NewOrderID(id)
+	if r, err := st.Reserve(ctx, retry); err != nil || r.Outcome != reservation.Reserved {
+		t.Errorf("retry with the key = %+v %v", r, err)
+	}
+}
+
+// TestUndoAfterReserveReleasesAndForgetsTheKey: the reserve ran but its reply
+// was lost; the undo gives the units back and unbinds the key.
+func TestUndoAfterReserveReleasesAndForgetsTheKey(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 23
+	warm(t, st, rdb, id, sale{total: 5, limit: 2, start: -time.Hour, end: time.Hour})
+	r := reserve(t, st, id, "u", "k", 2)
+	out, err := st.Undo(ctx, id, r.OrderID, "reserve_failed", "u", "k")
+	servicetest.Must(t, err, "undo")
+	if out != reservation.Released {
+		t.Fatalf("undo = %s", out)
+	}
+	if s := meta(t, st, id); s.Pending != 0 {
+		t.Errorf("pending %d after the undo", s.Pending)
+	}
+	if r2 := reserve(t, st, id, "u", "k", 2); r2.Outcome != reservation.Reserved || r2.OrderID == r.OrderID {
+		t.Errorf("retry with the key = %+v", r2)
+	}
+}
+
+// TestMarkQueued: only an open record is marked; the mark survives a claim
+// and shows in a replay; settling clears it.
+func TestMarkQueued(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 24
+	warm(t, st, rdb, id, sale{total: 5, limit: 2, start: -time.Hour, end: time.Hour})
+	r := reserve(t, st, id, "u", "k", 1)
+	if rep := reserve(t, st, id, "u", "k", 1); rep.Queued {
+		t.Error("replay reports queued before the mark")
+	}
+	ok, err := st.MarkQueued(ctx, id, r.OrderID)
+	servicetest.Must(t, err, "mark")
+	if !ok {
+		t.Fatal("open record not marked")
+	}
+	if rep := reserve(t, st, id, "u", "k", 1); !rep.Queued || rep.State != reservation.Pending {
+		t.Errorf("replay after the mark = %+v", rep)
+	}
+	_, err = st.Claim(ctx, id, []string{r.OrderID})
+	servicetest.Must(t, err, "claim")
+	rec, _, err := st.Order(ctx, id, r.OrderID)
+	servicetest.Must(t, err, "order")
+	if rec.State != reservation.Claimed || !rec.Queued || rec.Reason != "" {
+		t.Errorf("claimed record %+v, want claimed and queued", rec)
+	}
+	_, err = st.Settle(ctx, id, []reservation.Settlement{{OrderID: r.OrderID, Confirmed: true, Quantity: 1, UserID: "u"}})
+	servicetest.Must(t, err, "settle")
+	if ok, _ := st.MarkQueued(ctx, id, r.OrderID); ok {
+		t.Error("a settled record was marked")
+	}
+	if ok, _ := st.MarkQueued(ctx, id, "24-00000000000000000000000000"); ok {
+		t.Error("a missing record was marked")
+	}
+	rec, _, _ = st.Order(ctx, id, r.OrderID)
+	if rec.State != reservation.Confirmed || rec.Queued {
+		t.Errorf("settled record %+v", rec)
+	}
+}
+
+// TestUndoLeavesAQueuedOrder: once the broker confirmed a message of the
+// order (another request of the key published it), the undo answers queued
+// and changes nothing: a worker will decide it, and the key keeps naming it.
+func TestUndoLeavesAQueuedOrder(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id = 25
+	warm(t, st, rdb, id, sale{total: 5, limit: 2, start: -time.Hour, end: time.Hour})
+	r := reserve(t, st, id, "u", "k", 1)
+	_, err := st.MarkQueued(ctx, id, r.OrderID)
+	servicetest.Must(t, err, "mark")
+	before := snapshot(t, rdb, prefix)
+	out, err := st.Undo(ctx, id, r.OrderID, "publish_failed", "u", "k")
+	servicetest.Must(t, err, "undo")
+	if out != reservation.AlreadyQueued {
+		t.Fatalf("undo of a queued order = %s, want queued", out)
+	}
+	if after := snapshot(t, rdb, prefix); !reflect.DeepEqual(before, after) {
+		t.Error("the undo of a queued order wrote to Redis")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/seckill/seckill/internal/reservation"
 )
@@ -86,9 +87,18 @@ func KeyOrder(ctx context.Context, q Querier, id int64, user, key string) (reser
 	return d, true, rows.Err()
 }
 
-// Restore writes MySQL's decided orders of activity id back into Redis after
-// a rebuild (see reservation.Store.Restore).
-func Restore(ctx context.Context, q Querier, store *reservation.Store, id int64) error {
+// Restore prepares Redis for the rebuild of a sale it lost, and must run
+// before the sale is warmed again: it marks the sale recovering for window
+// (keys Redis does not know answer "unsure" meanwhile: they may belong to
+// orders still in the queue) and writes MySQL's decided orders' records and
+// keys back (see reservation.Store.Restore). Run first, a Restore that fails
+// leaves the sale missing, so the next request or reconcile pass tries again.
+func Restore(ctx context.Context, q Querier, store *reservation.Store, id int64, window time.Duration) error {
+	if window > 0 {
+		if err := store.MarkRecovering(ctx, id, window); err != nil {
+			return err
+		}
+	}
 	orders, err := Decided(ctx, q, id)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ package schema
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -45,6 +46,7 @@ var Statements = []string{
 		created_at      DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
 		KEY orders_activity_user (activity_id, user_id),
 		KEY orders_activity_status (activity_id, status),
+		UNIQUE KEY orders_user_key (activity_id, user_id, idempotency_key),
 		CONSTRAINT orders_reason CHECK (status = 'confirmed' OR reason IS NOT NULL)
 	) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`,
 	`CREATE TABLE IF NOT EXISTS purchases (
@@ -104,7 +106,7 @@ const lifecycleColumns = `ALTER TABLE activities
 	ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0,
 	ADD COLUMN IF NOT EXISTS archived_at DATETIME(3) NULL`
 
-// Ensure creates every missing table and column.
+// Ensure creates every missing table, column and index.
 func Ensure(ctx context.Context, db *sql.DB) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -123,6 +125,41 @@ func Ensure(ctx context.Context, db *sql.DB) error {
 	if n < 2 {
 		if _, err := db.ExecContext(ctx, lifecycleColumns); err != nil {
 			return fmt.Errorf("create schema: add lifecycle columns: %w", err)
+		}
+	}
+	return ensureIndexes(ctx, db)
+}
+
+// Index is an index added to a table after its first release: databases
+// created before it get it from Ensure.
+type Index struct{ Table, Name, DDL string }
+
+// Indexes lists the indexes Ensure adds where missing.
+var Indexes = []Index{
+	// One order per (sale, user, idempotency key) that MySQL holds with the
+	// key: a keyed retry can never produce a second order that confirms, also
+	// when Redis forgot the key. NULL keys (unkeyed orders, and orders whose
+	// key was given back with a 503) never collide.
+	{Table: "orders", Name: "orders_user_key",
+		DDL: "ALTER TABLE orders ADD UNIQUE KEY orders_user_key (activity_id, user_id, idempotency_key)"},
+}
+
+// erDupKeyName: the index exists (another process added it first).
+const erDupKeyName = 1061
+
+func ensureIndexes(ctx context.Context, db *sql.DB) error {
+	for _, ix := range Indexes {
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.statistics
+			WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?`, ix.Table, ix.Name).Scan(&n); err != nil {
+			return fmt.Errorf("create schema: index %s: %w", ix.Name, err)
+		}
+		if n > 0 {
+			continue
+		}
+		var me *mysql.MySQLError
+		if _, err := db.ExecContext(ctx, ix.DDL); err != nil && !(errors.As(err, &me) && me.Number == erDupKeyName) {
+			return fmt.Errorf("create schema: index %s: %w", ix.Name, err)
 		}
 	}
 	return nil

@@ -52,6 +52,12 @@ type Input struct {
 	// AfterSale, when set, is the answer to a purchase made after the drain
 	// (I5: 409 sold_out exactly when no unit is left).
 	AfterSale *Answer
+	// Ledger is set when Accepted holds every 202 the clients were given and
+	// every other attempt got a definite answer (503, 409, ...), as a test's
+	// crowd records: then units sold must equal the units of the confirmed
+	// orders answered 202 — a unit sold beyond them was sold on behalf of an
+	// attempt told "503, nothing kept".
+	Ledger bool
 	// RedisLost is set when the run deleted Redis data on purpose (a FLUSHDB
 	// fault): records of orders settled before the loss are gone for good
 	// and MySQL answers for them; every record still present must agree.
@@ -90,6 +96,7 @@ const (
 	ProblemMissedSoldOut   = "missed_sold_out"    // I5: no "sold out" although nothing is left
 	ProblemAPIDrift        = "api_drift"          // I5: the API's counters disagree with MySQL/Redis
 	ProblemUnreadable      = "unreadable"         // a Redis value the checker cannot parse
+	ProblemSoldUnanswered  = "sold_unanswered"    // ledger: units sold that no 202 names (a 503 kept something)
 )
 
 // Verdict is the outcome; the counters are the fields of the verdict line.
@@ -214,6 +221,9 @@ func Evaluate(st State, in Input) Verdict {
 	checkPending(&v, rd)
 	checkConvergence(&v, my, rd, byID, in.RedisLost)
 	checkAnswers(&v, my, in, confirmed)
+	if in.Ledger {
+		checkLedger(&v, in.Accepted, byID, confirmed)
+	}
 	v.OK = len(v.Problems) == 0
 	return v
 }
@@ -395,6 +405,34 @@ func checkDecided(v *Verdict, my MySQLState, rd RedisState, accepted []Accepted,
 		v.Lost += int64(len(wrong))
 		v.fail("I4", ProblemMisrecorded, "accepted orders recorded wrongly in MySQL: %s", list(wrong))
 	}
+}
+
+// checkLedger is the client's contract: units sold = units of the confirmed
+// orders some client was answered 202 for.
+func checkLedger(v *Verdict, accepted []Accepted, byID map[string]Order, confirmed int64) {
+	named := map[string]bool{}
+	var units int64
+	for _, a := range accepted {
+		if named[a.OrderID] {
+			continue
+		}
+		named[a.OrderID] = true
+		if o, ok := byID[a.OrderID]; ok && o.Status == "confirmed" {
+			units += o.Quantity
+		}
+	}
+	if units == confirmed {
+		return
+	}
+	var extra []string
+	for id, o := range byID {
+		if o.Status == "confirmed" && !named[id] {
+			extra = append(extra, fmt.Sprintf("%s of %s (key %q)", id, o.User, o.Key))
+		}
+	}
+	sort.Strings(extra)
+	v.fail("ledger", ProblemSoldUnanswered, "%d units sold, the confirmed orders answered 202 hold %d; confirmed without a 202: %s",
+		confirmed, units, list(extra))
 }
 
 // checkPending is I4's second half: nothing reserved is left after the drain.

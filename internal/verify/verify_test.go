@@ -256,3 +256,24 @@ func TestLine(t *testing.T) {
 		t.Errorf("got %q\nwant %q", got, want)
 	}
 }
+
+// TestLedger: with Ledger set, a unit sold for an order no client was
+// answered 202 for (its attempt got 503, "nothing kept") breaks the client's
+// contract, though every invariant of the tables holds.
+func TestLedger(t *testing.T) {
+	st, in := healthy()
+	in.Ledger = true
+	if v := Evaluate(st, in); !v.OK {
+		t.Fatalf("healthy sale with the ledger: %v", v.Reasons)
+	}
+	confirm(&st, &in, "o8", "u8", "", 1)
+	in.Accepted = in.Accepted[:len(in.Accepted)-1] // the client of o8 was told 503
+	v := Evaluate(st, in)
+	if v.OK || !v.Has(ProblemSoldUnanswered) || len(v.Problems) != 1 || !strings.Contains(v.Reasons[0], "o8") {
+		t.Fatalf("sold behind a 503: %v", v.Reasons)
+	}
+	in.Ledger = false
+	if v := Evaluate(st, in); !v.OK {
+		t.Errorf("without the ledger (a run that cannot see every answer): %v", v.Reasons)
+	}
+}

@@ -48,6 +48,7 @@ const (
 type Service interface {
 	Purchase(ctx context.Context, r sale.PurchaseRequest) (sale.PurchaseResult, error)
 	Order(ctx context.Context, orderID string) (sale.OrderView, error)
+	WaitOrder(ctx context.Context, orderID string, wait time.Duration) (sale.OrderView, error)
 	Activity(ctx context.Context, id int64) (sale.ActivityView, error)
 	PutActivity(ctx context.Context, id int64, s sale.Spec) (sale.ActivityView, bool, error)
 }
@@ -74,6 +75,9 @@ type Config struct {
 	ReadTimeout     time.Duration
 	WriteTimeout    time.Duration
 	IdleTimeout     time.Duration
+	// StateTTL is how long a sale state may be cached (the service's own
+	// cache TTL): the freshness the answer announces.
+	StateTTL time.Duration
 }
 
 // API holds the handlers.
@@ -284,7 +288,25 @@ func (a *API) activity(ctx *fasthttp.RequestCtx) {
 		a.serviceError(ctx, err)
 		return
 	}
+	setFreshness(&ctx.Response.Header, v, a.cfg.StateTTL, time.Now())
 	writeJSON(ctx, fasthttp.StatusOK, v)
+}
+
+// setFreshness tells caches how old the state is and how long it may be
+// kept: Age and Cache-Control max-age, in whole seconds as HTTP wants them
+// (a sub-second TTL announces max-age=0: downstream caches with their own
+// sub-second TTL, such as the proxy's, use as_of in the body). A stale
+// answer (Redis and MySQL not readable) must not be kept.
+func setFreshness(h *fasthttp.ResponseHeader, v sale.ActivityView, ttl time.Duration, now time.Time) {
+	age := max(now.Sub(v.AsOf), 0)
+	var buf [32]byte
+	h.Set(fasthttp.HeaderAge, string(strconv.AppendInt(buf[:0], int64(age/time.Second), 10)))
+	if v.Stale || ttl <= 0 {
+		h.Set(fasthttp.HeaderCacheControl, "no-cache")
+		return
+	}
+	left := max(ttl-age, 0)
+	h.Set(fasthttp.HeaderCacheControl, string(strconv.AppendInt(append(buf[:0], "max-age="...), int64(left/time.Second), 10)))
 }
 
 func (a *API) order(ctx *fasthttp.RequestCtx) {
@@ -293,7 +315,18 @@ func (a *API) order(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusNotFound, CodeOrderNotFound, "order not found")
 		return
 	}
-	v, err := a.svc.Order(a.base, oid)
+	var v sale.OrderView
+	var err error
+	if wait := ctx.QueryArgs().Peek("wait"); wait != nil {
+		d, ok := parseWait(wait)
+		if !ok {
+			writeError(ctx, fasthttp.StatusBadRequest, CodeBadRequest, "wait must be a duration such as 5s or 500ms, or whole seconds, at least 0")
+			return
+		}
+		v, err = a.svc.WaitOrder(a.base, oid, d)
+	} else {
+		v, err = a.svc.Order(a.base, oid)
+	}
 	if err != nil {
 		a.serviceError(ctx, err)
 		return

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,6 +59,7 @@ type stack struct {
 	pub   *hookPublisher
 	reg   *prometheus.Registry
 	api   *api.API
+	svc   *sale.Service
 }
 
 func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
@@ -69,9 +71,27 @@ func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
 // config.
 func newStackWith(t *testing.T, soldOutTTL time.Duration, log *slog.Logger, edit func(*api.Config)) *stack {
 	t.Helper()
-	rdb, prefix := servicetest.Redis(t)
+	return newStackOn(t, sale.Config{
+		ReservationTTL: 30 * time.Second, RedisTimeout: 2 * time.Second, PublishTimeout: 3 * time.Second,
+		QueryTimeout: 5 * time.Second, SoldOutTTL: soldOutTTL,
+	}, nil, "", log, edit)
+}
+
+// newStackOn runs the backend with scfg on rdb (nil: the shared Redis) and
+// the database of dsn ("": a fresh one on the shared MariaDB).
+func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, log *slog.Logger, edit func(*api.Config)) *stack {
+	t.Helper()
+	var prefix string
+	if rdb == nil {
+		rdb, prefix = servicetest.Redis(t)
+	} else {
+		prefix = servicetest.Name(t) + ":"
+	}
 	cfg := conf.Default()
-	cfg.MySQL.DSN = servicetest.MySQLDSN(t)
+	cfg.MySQL.DSN = dsn
+	if dsn == "" {
+		cfg.MySQL.DSN = servicetest.MySQLDSN(t)
+	}
 	cfg.RabbitMQ.URL = servicetest.AMQPURL()
 	cfg.RabbitMQ.Prefix = servicetest.AMQPPrefix(t, []string{".orders", ".orders.dead"}, []string{".orders", ".orders.dlx"})
 	ctx := context.Background()
@@ -85,18 +105,20 @@ func newStackWith(t *testing.T, soldOutTTL time.Duration, log *slog.Logger, edit
 	t.Cleanup(func() { _ = real.Close() })
 	pub := &hookPublisher{real: real}
 	store := reservation.New(rdb, prefix)
-	svc := sale.New(store, db, pub, sale.Config{
-		ReservationTTL: 30 * time.Second, RedisTimeout: 2 * time.Second, PublishTimeout: 3 * time.Second,
-		QueryTimeout: 5 * time.Second, SoldOutTTL: soldOutTTL,
-	}, log, sale.NewMetrics(reg))
+	svc := sale.New(store, db, pub, scfg, log, sale.NewMetrics(reg))
 	wctx, stop := context.WithCancel(ctx)
-	watched := make(chan struct{})
-	go func() { defer close(watched); svc.WatchStockEvents(wctx, rdb, reservation.Channel(prefix)) }()
-	t.Cleanup(func() { stop(); <-watched })
+	var watched sync.WaitGroup
+	subscribed := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	watched.Go(func() { svc.WatchStockEvents(wctx, rdb, subscribed[0]) })
+	watched.Go(func() { svc.WatchOrders(wctx, rdb, subscribed[1]) })
+	t.Cleanup(func() { stop(); watched.Wait() })
+	<-subscribed[0]
+	<-subscribed[1]
 
 	acfg := api.Config{
 		AdminToken: token, MaxBodyBytes: 4096, AdminBodyBytes: 65536, RetryAfter: time.Second,
 		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, IdleTimeout: time.Minute,
+		StateTTL: scfg.StateTTL,
 	}
 	if edit != nil {
 		edit(&acfg)
@@ -118,7 +140,7 @@ func newStackWith(t *testing.T, soldOutTTL time.Duration, log *slog.Logger, edit
 	ch, err := conn.Channel()
 	servicetest.Must(t, err, "channel")
 	return &stack{url: "http://" + ln.Addr().String(), rdb: rdb, store: store, db: db,
-		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, api: a}
+		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, api: a, svc: svc}
 }
 
 type reply struct {

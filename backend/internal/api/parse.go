@@ -183,3 +183,19 @@ func parseID(s string) (int64, bool) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	return id, err == nil && id > 0
 }
+
+// parseWait reads ?wait=: a Go duration ("5s", "500ms") or whole seconds.
+// The service bounds it; here it only has to be a non-negative duration.
+func parseWait(b []byte) (time.Duration, bool) {
+	if len(b) == 0 || len(b) > 32 {
+		return 0, false
+	}
+	if n, err := strconv.ParseUint(string(b), 10, 32); err == nil {
+		return time.Duration(n) * time.Second, true
+	}
+	d, err := time.ParseDuration(string(b))
+	if err != nil || d < 0 {
+		return 0, false
+	}
+	return d, true
+}

@@ -65,6 +65,13 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 	out, sale, err := s.store.Warm(rctx, id, args)
 	cancel()
+	if err != nil && !timedOut(err) {
+		// A broken connection: once more (warm.lua is safe to repeat; a
+		// create-only repeat of a create that ran answers "exists").
+		rctx, cancel = context.WithTimeout(ctx, s.cfg.RedisTimeout)
+		out, sale, err = s.store.Warm(rctx, id, args)
+		cancel()
+	}
 	if err == nil && out == reservation.WarmNeedUsers {
 		if args.Users, err = s.loadUsers(ctx, id); err != nil {
 			return "", reservation.Sale{}, err
@@ -73,9 +80,11 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 		out, sale, err = s.store.Warm(rctx, id, args)
 		cancel()
 	}
-	if err == nil && out == reservation.WarmCreated {
+	// A rebuild (createOnly) restored before the sale existed again; an
+	// admin change that built the sale anew (a reopened archive) restores now.
+	if err == nil && out == reservation.WarmCreated && !createOnly {
 		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-		err = salesdb.Restore(qctx, s.db, s.store, id)
+		err = salesdb.Restore(qctx, s.db, s.store, id, 0)
 		cancel()
 	}
 	return out, sale, err
@@ -100,6 +109,18 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 			s.m.rebuilt("archived", nil)
 			return true, errArchived
 		}
+		// Before the sale exists again: orders MySQL decided get their
+		// records and keys back (a client retrying with its Idempotency-Key
+		// finds its order), and keys Redis does not know answer 503 until
+		// every order published before the loss can have reached MySQL. A
+		// failure leaves the sale missing: the next request tries again.
+		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+		err = salesdb.Restore(qctx, s.db, s.store, id, s.recoveryWindow())
+		cancel()
+		if err != nil {
+			s.m.rebuilt("restore", err)
+			return false, err
+		}
 		// Create only: a sale that exists meanwhile (another rebuild, an admin
 		// change) is newer than this unlocked read of MySQL.
 		out, _, err := s.warm(ctx, id, a, true)
@@ -116,6 +137,36 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		s.log.Info("activity rebuilt in Redis from MySQL", "activity_id", id, "outcome", out)
 		return true, nil
 	})
+}
+
+// recoveryWindow is how long a rebuilt sale answers 503 to keys neither
+// Redis nor MySQL knows: an order published before the loss reaches MySQL
+// within its reservation TTL (the sweeper expires it at the latest).
+func (s *Service) recoveryWindow() time.Duration { return s.cfg.ReservationTTL + s.cfg.RecoveryGrace }
+
+// keyOrder answers a key Redis does not know while a sale recovers from a
+// Redis loss: MySQL's order of that key is restored to Redis and replayed;
+// without one the outcome of the key's earlier attempt is unknown: 503.
+func (s *Service) keyOrder(ctx context.Context, r PurchaseRequest) (PurchaseResult, error) {
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	d, found, err := salesdb.KeyOrder(qctx, s.db, r.ActivityID, r.UserID, r.IdempotencyKey)
+	cancel()
+	if err != nil {
+		return PurchaseResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if !found {
+		return PurchaseResult{}, fmt.Errorf("%w: key of activity %d unknown while the sale recovers from a Redis loss", ErrUnavailable, r.ActivityID)
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+	if err := s.store.Restore(rctx, r.ActivityID, []reservation.Decided{d}); err != nil {
+		s.log.Debug("restore of a key's order failed; MySQL answered it", "order_id", d.OrderID, "err", err)
+	}
+	cancel()
+	status := "failed"
+	if d.Confirmed {
+		status = "confirmed"
+	}
+	return PurchaseResult{Outcome: Accepted, OrderID: d.OrderID, Status: status, Replay: true}, nil
 }
 
 // State words of an activity.
@@ -137,6 +188,12 @@ type ActivityView struct {
 	StartsAt     time.Time `json:"starts_at"`
 	EndsAt       time.Time `json:"ends_at"`
 	State        string    `json:"state"`
+	// AsOf is when this state was read from Redis (or MySQL); answers from
+	// the local cache are up to one TTL old.
+	AsOf time.Time `json:"as_of"`
+	// Stale marks the last known state, answered while Redis and MySQL could
+	// not be read in time.
+	Stale bool `json:"stale,omitempty"`
 }
 
 func stateAt(now, start, end time.Time, available int64) string {
@@ -151,43 +208,10 @@ func stateAt(now, start, end time.Time, available int64) string {
 	return StateOpen
 }
 
-// Activity returns the Redis view of a sale, or MySQL's when Redis has none
-// (or fails).
-func (s *Service) Activity(ctx context.Context, id int64) (ActivityView, error) {
-	now := s.now()
-	if s.missing.Has(id, now) {
-		return ActivityView{}, ErrActivityNotFound
-	}
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
-	sale, found, err := s.store.Sale(rctx, id)
-	cancel()
-	if err == nil && found {
-		v := ActivityView{
-			ActivityID: id, Stock: sale.Total, Available: sale.Available(), Pending: sale.Pending,
-			Sold: sale.Sold, PerUserLimit: sale.Limit, StartsAt: sale.Start, EndsAt: sale.End,
-		}
-		v.State = stateAt(now, v.StartsAt, v.EndsAt, v.Available)
-		return v, nil
-	}
-	if err != nil {
-		s.log.Debug("activity from Redis failed; reading MySQL", "activity_id", id, "err", err)
-	}
-	missEpoch := s.missing.Epoch()
-	a, found, err := s.loadActivity(ctx, id)
-	if err != nil {
-		return ActivityView{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	if !found {
-		s.missing.Set(id, missEpoch, s.now())
-		return ActivityView{}, ErrActivityNotFound
-	}
-	return mysqlView(id, a, now), nil
-}
-
 func mysqlView(id int64, a mysqlRow, now time.Time) ActivityView {
 	v := ActivityView{
 		ActivityID: id, Stock: a.Total, Available: a.Stock, Sold: a.Sold, PerUserLimit: a.Limit,
-		StartsAt: a.Start, EndsAt: a.End,
+		StartsAt: a.Start, EndsAt: a.End, AsOf: now,
 	}
 	v.State = stateAt(now, v.StartsAt, v.EndsAt, v.Available)
 	return v
@@ -281,8 +305,14 @@ func (s *Service) PutActivity(ctx context.Context, id int64, spec Spec) (Activit
 		}
 		return ActivityView{}, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	s.soldOut.Clear(id)
-	s.missing.Clear(id)
+	// This backend forgets at once; the others hear it on the stock-event
+	// channel (an unsent event leaves them one TTL behind, no more).
+	s.Changed(id)
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+	if err := s.store.Announce(actx, id); err != nil {
+		s.log.Warn("admin change saved; other instances see it when their caches expire", "activity_id", id, "err", err)
+	}
+	cancel()
 	v, err := s.Activity(ctx, id)
 	return v, created, err
 }

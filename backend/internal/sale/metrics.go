@@ -14,7 +14,15 @@ type Metrics struct {
 	reserveTime  prometheus.Histogram
 	purchases    *prometheus.CounterVec
 	rebuilds     *prometheus.CounterVec
+	stateReads   map[string]prometheus.Counter
+	waits        *prometheus.CounterVec
+	waiters      prometheus.Gauge
+	undos        *prometheus.CounterVec
 }
+
+// stateReadResults label the sale-state reads: answered from the cache,
+// joined a flight, started one, fell back to MySQL, answered stale.
+var stateReadResults = []string{"hit", "joined", "miss", "fallback", "stale"}
 
 // NewMetrics registers the service's metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -29,14 +37,34 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		purchases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "seckill_backend", Name: "publish_outcomes_total",
-			Help: "Reserved purchases by what followed the publish: accepted, released (503), accepted_claimed (publish failed, a worker had it), accepted_unsettled (release failed; the sweeper settles).",
+			Help: "Reserved purchases by what followed the publish: accepted, queued_mark_failed (accepted; the record was not marked queued), released (503), failed_in_mysql (undo failed, MySQL recorded it failed: 503), accepted_claimed (publish failed, a worker had it), accepted_unsettled (undo and MySQL failed; the sweeper settles), adopted (a replay published an unconfirmed order), adopted_in_flight (its first request is still publishing it).",
 		}, []string{"outcome"}),
 		rebuilds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "seckill_backend", Name: "rebuilds_total",
 			Help: "Rebuilds of a sale missing in Redis, by warm outcome (or not_found, error).",
 		}, []string{"result"}),
+		undos: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "seckill_backend", Name: "undos_total",
+			Help: "Background undos of reserves that failed (the reserve may have run), by the answer: released, claimed/confirmed/failed (a keyed retry took the order over), gave_up (deadline reached or shutdown; the sweeper expires it), skipped (too many at once; the sweeper expires it).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds)
+	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "seckill_backend", Name: "sale_state_reads_total",
+		Help: "Sale-state reads by result: hit (local cache), joined (a flight in progress), miss (started a flight), fallback (the flight read MySQL), stale (answered the last known state).",
+	}, []string{"result"})
+	m.stateReads = map[string]prometheus.Counter{}
+	for _, r := range stateReadResults {
+		m.stateReads[r] = reads.WithLabelValues(r)
+	}
+	m.waits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "seckill_backend", Name: "order_waits_total",
+		Help: "Order long-polls by how they ended: settled (woken with a final status), timeout (still pending at the end of the wait), immediate (not pending when asked), full (too many waiters: answered at once).",
+	}, []string{"outcome"})
+	m.waiters = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "seckill_backend", Name: "order_waiters",
+		Help: "Order long-polls waiting now.",
+	})
+	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds, reads, m.waits, m.waiters, m.undos)
 	return m
 }
 
@@ -64,4 +92,28 @@ func (m *Metrics) rebuilt(result string, err error) {
 		result = "error"
 	}
 	m.rebuilds.WithLabelValues(result).Inc()
+}
+
+func (m *Metrics) stateRead(result string) {
+	if m != nil {
+		m.stateReads[result].Inc()
+	}
+}
+
+func (m *Metrics) waited(outcome string) {
+	if m != nil {
+		m.waits.WithLabelValues(outcome).Inc()
+	}
+}
+
+func (m *Metrics) waiting(delta float64) {
+	if m != nil {
+		m.waiters.Add(delta)
+	}
+}
+
+func (m *Metrics) undone(result string) {
+	if m != nil {
+		m.undos.WithLabelValues(result).Inc()
+	}
 }

@@ -14,9 +14,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/seckill/seckill/backend/internal/orderwait"
+	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/salesdb"
+	"github.com/seckill/seckill/internal/soldout"
 )
 
 // Errors the HTTP edge maps with errors.Is.
@@ -36,12 +39,19 @@ type Publisher interface {
 
 // Config holds the timeouts and TTLs of the service.
 type Config struct {
-	ReservationTTL time.Duration
-	RedisTimeout   time.Duration // each Redis call
-	PublishTimeout time.Duration // the wait for a confirm
-	QueryTimeout   time.Duration // each MySQL statement or transaction
-	SoldOutTTL     time.Duration // trust of a local sold-out flag without news
-	NegativeTTL    time.Duration // trust of "no such activity in MySQL"
+	ReservationTTL  time.Duration
+	RedisTimeout    time.Duration // each Redis call
+	PublishTimeout  time.Duration // the wait for a confirm
+	QueryTimeout    time.Duration // each MySQL statement or transaction
+	SoldOutTTL      time.Duration // trust of a local sold-out flag without news
+	NegativeTTL     time.Duration // trust of "no such activity in MySQL"
+	StateTTL        time.Duration // sale state answered from the local cache
+	OrderWaitMax    time.Duration // longest order long-poll
+	MaxOrderWaiters int           // order long-polls waiting at once
+	// RecoveryGrace is added to ReservationTTL for the window in which a
+	// sale rebuilt after a Redis loss answers 503 to unknown keys ([worker]
+	// republish_after: the sweeper's grace before it expires an order).
+	RecoveryGrace time.Duration
 }
 
 // Service runs purchases and admin changes.
@@ -53,10 +63,17 @@ type Service struct {
 	log   *slog.Logger
 	m     *Metrics
 
-	soldOut *flags
-	missing *flags
+	soldOut *soldout.Flags
+	missing *soldout.Flags
+	state   *stateCache
+	waiters *orderwait.Hub
 	flight  group
 	now     func() time.Time
+
+	bg        sync.WaitGroup // background undos
+	undoSlots chan struct{}  // bounds the undos in the background
+	stop      chan struct{}
+	stopOnce  sync.Once
 }
 
 // New returns a service. m may be nil.
@@ -66,10 +83,14 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 	}
 	return &Service{
 		store: store, db: db, pub: pub, cfg: cfg, log: log, m: m,
-		soldOut: newFlags(cfg.SoldOutTTL),
-		missing: newFlags(cfg.NegativeTTL),
-		flight:  group{calls: make(map[int64]*call)},
-		now:     time.Now,
+		soldOut:   soldout.NewFlags(cfg.SoldOutTTL),
+		missing:   soldout.NewFlags(cfg.NegativeTTL),
+		state:     newStateCache(cfg.StateTTL),
+		waiters:   orderwait.NewHub(cfg.MaxOrderWaiters),
+		flight:    group{calls: make(map[int64]*call)},
+		now:       time.Now,
+		stop:      make(chan struct{}),
+		undoSlots: make(chan struct{}, maxUndos),
 	}
 }
 
@@ -121,13 +142,13 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 		s.m.reserved("not_found_cached", 0)
 		return PurchaseResult{}, ErrActivityNotFound
 	}
-	epoch := s.soldOut.Epoch()
+	epoch := s.soldOut.Token()
 	res, err := s.reserve(ctx, r)
 	if err != nil {
 		return PurchaseResult{}, err
 	}
 	if res.Outcome == reservation.NotFound {
-		missEpoch := s.missing.Epoch()
+		missEpoch := s.missing.Token()
 		found, err := s.rebuild(ctx, r.ActivityID)
 		if errors.Is(err, errArchived) {
 			return s.archived(ctx, r)
@@ -148,11 +169,22 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	}
 	switch res.Outcome {
 	case reservation.Reserved:
-		return s.publish(ctx, r, res)
+		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline))
+	case reservation.Unsure:
+		return s.keyOrder(ctx, r)
 	case reservation.Replay:
+		if res.State == reservation.Pending && !res.Queued {
+			// The broker never confirmed this order's message: its first
+			// request died or is still publishing. Publish it now, so the
+			// 202 this replay gives is backed by a queued message (a second
+			// copy is harmless: workers write an order id once).
+			return s.adopt(ctx, r, s.orderOf(r, res.OrderID, res.Quantity, res.Deadline))
+		}
 		return PurchaseResult{Outcome: Accepted, OrderID: res.OrderID, Status: res.State.Public(), Replay: true}, nil
 	case reservation.SoldOut:
-		s.soldOut.Set(r.ActivityID, epoch, s.now())
+		if s.soldOut.Set(r.ActivityID, epoch, s.now()) {
+			s.state.soldOut(r.ActivityID)
+		}
 		return PurchaseResult{Outcome: SoldOut}, nil
 	case reservation.Insufficient:
 		return PurchaseResult{Outcome: Insufficient, Available: res.Available}, nil
@@ -196,8 +228,12 @@ func (s *Service) archived(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: true}, nil
 }
 
-// reserve runs reserve.lua with its own timeout; an order id collision (128
-// random bits: practically never) is retried once with a fresh id.
+// reserve runs reserve.lua with its own timeout. The order id is chosen
+// before the call, so the script is idempotent on it. Any error may hide a
+// reserve that ran (a lost reply, a reply slower than the timeout, a request
+// still on its way to Redis): the order id is then undone in the background
+// (a tombstone the late reserve refuses) and the caller answers 503. An
+// order id collision (128 random bits: practically never) is retried once.
 func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.Result, error) {
 	for attempt := 0; ; attempt++ {
 		req := reservation.Request{
@@ -208,22 +244,26 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 		start := time.Now()
 		res, err := s.store.Reserve(rctx, req)
 		cancel()
+		if err != nil && !timedOut(err) && ctx.Err() == nil {
+			// A broken connection (EOF, reset, a failed dial), not a slow
+			// Redis: the same call once more on a fresh connection. Safe,
+			// since reserve.lua is idempotent on the order id; it is what
+			// go-redis's own retries did, without re-running it blindly.
+			rctx, cancel = context.WithTimeout(ctx, s.cfg.RedisTimeout)
+			res, err = s.store.Reserve(rctx, req)
+			cancel()
+		}
 		if err != nil {
 			s.m.reserved("error", time.Since(start))
-			// After a timeout the script may have run and only its reply been
-			// lost: undo a reservation under this order id, so that the 503
-			// keeps nothing ("missing": it never ran). One try, so that a
-			// stalled Redis does not multiply the latency of every 503.
-			if !timedOut(err) {
-				return reservation.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
-			}
-			if _, rerr := s.release(ctx, r, req.OrderID, "reserve_failed", 1); rerr != nil {
-				s.log.Warn("reserve failed and its undo failed; a reservation made meanwhile is swept",
-					"order_id", req.OrderID, "reserve_err", err, "release_err", rerr)
-			}
+			s.undoLater(r, req.OrderID, reasonReserveFailed, start.Add(s.cfg.ReservationTTL))
 			return reservation.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		s.m.reserved(string(res.Outcome), time.Since(start))
+		if res.Outcome == reservation.Undone {
+			// Only this request's own undo writes a tombstone under its id,
+			// and it runs after an error, which returned above.
+			return reservation.Result{}, fmt.Errorf("%w: order %s undone before its reserve", ErrUnavailable, req.OrderID)
+		}
 		if res.Outcome != reservation.IDConflict || attempt > 0 {
 			if res.Outcome == reservation.IDConflict {
 				return reservation.Result{}, fmt.Errorf("%w: order id collision twice", ErrUnavailable)
@@ -233,50 +273,205 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 	}
 }
 
-// publish hands a fresh reservation to the broker. Confirmed: 202. Any
-// failure: release.lua decides atomically against the worker's claim.lua —
-// released (nothing kept: 503), or a worker already has it (202).
-func (s *Service) publish(ctx context.Context, r PurchaseRequest, res reservation.Result) (PurchaseResult, error) {
-	o := ordermsg.Order{
-		V: ordermsg.Version, OrderID: res.OrderID, ActivityID: r.ActivityID, UserID: r.UserID,
-		Quantity: r.Quantity, IdempotencyKey: r.IdempotencyKey,
-		ReservedAt: res.Deadline.Add(-s.cfg.ReservationTTL).UnixMilli(), Deadline: res.Deadline.UnixMilli(),
+// maxUndos bounds the undos retrying in the background at once.
+const maxUndos = 4096
+
+// Reasons a backend records when it undoes an order.
+const (
+	reasonReserveFailed = "reserve_failed"
+	reasonPublishFailed = "publish_failed"
+)
+
+// undoLater undoes orderID in the background, retrying until Redis gives a
+// definite answer or the reservation's deadline has passed (the sweeper then
+// expires it: it never re-publishes a reservation whose message the broker
+// did not confirm, so the 503 keeps nothing either way).
+func (s *Service) undoLater(r PurchaseRequest, orderID, reason string, deadline time.Time) {
+	select {
+	case s.undoSlots <- struct{}{}:
+	default:
+		// Redis is down for many requests at once: leave the rest to the
+		// sweeper rather than pile up retries for its return.
+		s.m.undone("skipped")
+		return
 	}
+	s.bg.Add(1)
+	go func() {
+		defer func() { <-s.undoSlots; s.bg.Done() }()
+		wait := s.cfg.RedisTimeout / 4
+		for {
+			out, err := s.undoOnce(r, orderID, reason)
+			if err == nil {
+				s.m.undone(string(out))
+				if out != reservation.Released {
+					// A keyed retry adopted the reservation and published it:
+					// the key's answer is that order, not this 503.
+					s.log.Info("undo found the order taken over", "order_id", orderID, "state", out)
+				}
+				return
+			}
+			if !time.Now().Add(wait).Before(deadline) {
+				s.m.undone("gave_up")
+				s.log.Warn("undo of a failed reserve gave up at its deadline; the sweeper expires it",
+					"order_id", orderID, "err", err)
+				return
+			}
+			select {
+			case <-s.stop:
+				s.m.undone("gave_up")
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, time.Second)
+		}
+	}()
+}
+
+func (s *Service) undoOnce(r PurchaseRequest, orderID, reason string) (reservation.ReleaseOutcome, error) {
+	rctx, cancel := context.WithTimeout(context.Background(), s.cfg.RedisTimeout)
+	defer cancel()
+	return s.store.Undo(rctx, r.ActivityID, orderID, reason, r.UserID, r.IdempotencyKey)
+}
+
+// Close stops the background undos (each gives up; the sweeper expires what
+// they leave) and waits for them.
+func (s *Service) Close() {
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.bg.Wait()
+}
+
+// orderOf is the message of a reservation.
+func (s *Service) orderOf(r PurchaseRequest, orderID string, qty int64, deadline time.Time) ordermsg.Order {
+	o := ordermsg.Order{
+		V: ordermsg.Version, OrderID: orderID, ActivityID: r.ActivityID, UserID: r.UserID,
+		Quantity: qty, IdempotencyKey: r.IdempotencyKey, Deadline: deadline.UnixMilli(),
+	}
+	if !deadline.IsZero() {
+		o.ReservedAt = deadline.Add(-s.cfg.ReservationTTL).UnixMilli()
+	}
+	return o
+}
+
+// publish hands a reservation to the broker. Confirmed: the record is marked
+// queued (the sweeper then never expires it) and the answer is 202. Any
+// failure: the undo (release.lua) decides atomically against the worker's
+// claim.lua — released (nothing kept: 503), or a worker already has it (202).
+// When Redis gives no answer either, MySQL arbitrates: a failed row inserted
+// first means no worker can ever confirm the order (503); a row already there
+// is the worker's decision (202).
+func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Order) (PurchaseResult, error) {
 	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
 	perr := s.pub.Publish(pctx, o)
 	cancel()
+	accepted := func(status string) (PurchaseResult, error) {
+		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status}, nil
+	}
 	if perr == nil {
 		s.m.purchased("accepted")
-		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: "pending"}, nil
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+		if _, err := s.store.MarkQueued(rctx, r.ActivityID, o.OrderID); err != nil {
+			// The order is safe in the queue; only a worker outage longer
+			// than its deadline would now let the sweeper expire it.
+			s.m.purchased("queued_mark_failed")
+		}
+		cancel()
+		return accepted("pending")
 	}
-	out, rerr := s.release(ctx, r, o.OrderID, "publish_failed", releaseTries)
+	out, rerr := s.release(ctx, r, o.OrderID, reasonPublishFailed, releaseTries)
 	if rerr != nil {
-		// Unknown: the reservation stays pending with its deadline, and the
-		// sweeper will re-publish or release it, so the order does end
-		// confirmed or failed — that is a 202, not "nothing kept".
-		s.m.purchased("accepted_unsettled")
-		s.log.Warn("publish failed and release failed; the sweeper settles the order",
-			"order_id", o.OrderID, "publish_err", perr, "release_err", rerr)
-		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: "pending"}, nil
+		status, err := s.failInMySQL(ctx, o, reasonPublishFailed)
+		switch {
+		case err != nil:
+			// Unknown everywhere: the message may be queued. The sweeper
+			// expires the reservation (INSERT IGNORE against the worker's
+			// insert), so the order ends confirmed or failed: a 202.
+			s.m.purchased("accepted_unsettled")
+			s.log.Warn("publish failed, undo and MySQL failed; the sweeper settles the order",
+				"order_id", o.OrderID, "publish_err", perr, "release_err", rerr, "mysql_err", err)
+			return accepted("pending")
+		case status == "":
+			s.m.purchased("failed_in_mysql")
+			return PurchaseResult{}, fmt.Errorf("%w: %v (order recorded failed in MySQL)", ErrUnavailable, perr)
+		}
+		s.m.purchased("accepted_claimed")
+		return accepted(status)
 	}
 	switch out {
 	case reservation.Released:
 		s.m.purchased("released")
 		return PurchaseResult{}, fmt.Errorf("%w: %v (reservation released)", ErrUnavailable, perr)
-	case reservation.AlreadyClaimed:
+	case reservation.AlreadyClaimed, reservation.AlreadyQueued:
 		s.m.purchased("accepted_claimed")
-		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: "pending"}, nil
+		return accepted("pending")
 	case reservation.AlreadyConfirmed:
 		s.m.purchased("accepted_claimed")
-		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: "confirmed"}, nil
-	case reservation.AlreadyFailed:
-		s.m.purchased("accepted_claimed")
-		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: "failed"}, nil
+		return accepted("confirmed")
 	}
-	// missing: Redis lost the record in between; the publish outcome is
-	// unknown and no sweeper can find it. Answer as a failed publish.
-	s.m.purchased("released")
-	return PurchaseResult{}, fmt.Errorf("%w: %v (reservation record lost)", ErrUnavailable, perr)
+	s.m.purchased("accepted_claimed")
+	return accepted("failed")
+}
+
+// adopt publishes an order reserved by an earlier request of the same key
+// whose message the broker never confirmed. It never undoes the order in
+// Redis: that would unbind a key another request may have answered 202 for.
+// When the publish fails, MySQL decides: a failed row inserted first → no
+// worker can confirm it (503, the key keeps naming it); a row there → 202
+// with its status. The same message in flight from this process (the first
+// request still waits for its confirm) is left to that request: 202.
+func (s *Service) adopt(ctx context.Context, r PurchaseRequest, o ordermsg.Order) (PurchaseResult, error) {
+	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+	perr := s.pub.Publish(pctx, o)
+	cancel()
+	accepted := func(status string) (PurchaseResult, error) {
+		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: true}, nil
+	}
+	if perr == nil {
+		s.m.purchased("adopted")
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+		if _, err := s.store.MarkQueued(rctx, r.ActivityID, o.OrderID); err != nil {
+			s.m.purchased("queued_mark_failed")
+		}
+		cancel()
+		return accepted("pending")
+	}
+	if errors.Is(perr, broker.ErrDuplicate) {
+		s.m.purchased("adopted_in_flight")
+		return accepted("pending")
+	}
+	status, err := s.failInMySQL(ctx, o, reasonPublishFailed)
+	switch {
+	case err != nil:
+		s.m.purchased("accepted_unsettled")
+		return accepted("pending")
+	case status == "":
+		s.m.purchased("failed_in_mysql")
+		return PurchaseResult{}, fmt.Errorf("%w: %v (adopted order recorded failed in MySQL)", ErrUnavailable, perr)
+	}
+	return accepted(status)
+}
+
+// failInMySQL records an order failed with reason unless MySQL holds it
+// already. status is "" when this call inserted the row (no worker can
+// confirm the order any more), else the stored status.
+func (s *Service) failInMySQL(ctx context.Context, o ordermsg.Order, reason string) (string, error) {
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.QueryTimeout)
+	defer cancel()
+	// No idempotency key: the client is told nothing was kept and may reuse it.
+	res, err := s.db.ExecContext(qctx, `INSERT IGNORE INTO orders (order_id, activity_id, user_id, quantity, status, reason)
+		VALUES (?, ?, ?, ?, 'failed', ?)`, o.OrderID, o.ActivityID, o.UserID, o.Quantity, reason)
+	if err != nil {
+		return "", fmt.Errorf("record order %s failed: %w", o.OrderID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return "", fmt.Errorf("record order %s failed: %w", o.OrderID, err)
+	} else if n == 1 {
+		return "", nil
+	}
+	var status string
+	if err := s.db.QueryRowContext(qctx, `SELECT status FROM orders WHERE order_id = ?`, o.OrderID).Scan(&status); err != nil {
+		return "", fmt.Errorf("read order %s: %w", o.OrderID, err)
+	}
+	return status, nil
 }
 
 // releaseTries bounds the attempts of a compensation whose reply was lost:
@@ -284,14 +479,15 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, res reservatio
 // retry is safe and turns an unknown outcome into a known one.
 const releaseTries = 3
 
-// release gives an unpublished reservation back (release.lua), retrying when
-// the reply is lost. It runs even when ctx was cancelled (shutdown).
+// release undoes an unpublished reservation (Undo: key forgotten, tombstone
+// if the record is missing), retrying when the reply is lost. It runs even
+// when ctx was cancelled (shutdown).
 func (s *Service) release(ctx context.Context, r PurchaseRequest, orderID, reason string, tries int) (reservation.ReleaseOutcome, error) {
 	var err error
 	for range tries {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
 		var out reservation.ReleaseOutcome
-		out, err = s.store.ReleaseUnpublished(rctx, r.ActivityID, orderID, reason, r.UserID, r.IdempotencyKey)
+		out, err = s.store.Undo(rctx, r.ActivityID, orderID, reason, r.UserID, r.IdempotencyKey)
 		cancel()
 		if err == nil {
 			return out, nil
@@ -300,7 +496,8 @@ func (s *Service) release(ctx context.Context, r PurchaseRequest, orderID, reaso
 	return "", err
 }
 
-// timedOut reports an error after which a Redis command may have run.
+// timedOut reports an error of a call that ran out of time (Redis slow, or
+// the request or its reply still on the wire).
 func timedOut(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())

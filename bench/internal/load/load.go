@@ -46,6 +46,11 @@ type Config struct {
 	Retries        int
 	// MaxRetryWait caps a Retry-After a retry honours (default 2s).
 	MaxRetryWait time.Duration
+
+	// The read mix (reads.go): sale-state polls per second in the warm-up,
+	// and the long-poll wait for each accepted order's result (0: none).
+	StatePollRate int
+	OrderWait     time.Duration
 }
 
 // SourceAddrs returns the first n host addresses of cidr (skipping the
@@ -77,7 +82,11 @@ func SourceAddrs(cidr string, n int) ([]net.IP, error) {
 type target struct {
 	purchaseURL string
 	stateURL    string
+	orderURL    string                 // + order id
 	clients     []*fasthttp.HostClient // per source; one when not binding
+	// waitClients carry the order waits (long-polls), apart from the
+	// purchases' connections; nil without order waits.
+	waitClients []*fasthttp.HostClient
 }
 
 // Runner runs the scenario.
@@ -90,6 +99,7 @@ type Runner struct {
 	rr      atomic.Uint64
 	hotIPs  int
 	hotUser int
+	reads   *reads
 }
 
 // NewRunner prepares clients; nothing is sent yet.
@@ -106,7 +116,7 @@ func NewRunner(cfg Config, rec *Recorder) (*Runner, error) {
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = 4096
 	}
-	r := &Runner{cfg: cfg, rec: rec, runID: strconv.FormatUint(rand.Uint64()&0xffffffffff, 36)}
+	r := &Runner{cfg: cfg, rec: rec, runID: strconv.FormatUint(rand.Uint64()&0xffffffffff, 36), reads: newReads()}
 	// User ids are formatted per request, not built up front: with -users in
 	// the millions a table of them took over a second of CPU after the run's
 	// clock had started (eating the warm-up), and the GC then had to mark it
@@ -126,6 +136,7 @@ func NewRunner(cfg Config, rec *Recorder) (*Runner, error) {
 		t := &target{
 			purchaseURL: fmt.Sprintf("%s/api/v1/activities/%d/purchase", trimSlash(base), cfg.ActivityID),
 			stateURL:    fmt.Sprintf("%s/api/v1/activities/%d", trimSlash(base), cfg.ActivityID),
+			orderURL:    trimSlash(base) + "/api/v1/orders/",
 		}
 		n := 1
 		if bind {
@@ -137,6 +148,11 @@ func NewRunner(cfg Config, rec *Recorder) (*Runner, error) {
 				local = cfg.Sources[i]
 			}
 			t.clients = append(t.clients, newClient(u.Host, local, cfg, bind))
+			if cfg.OrderWait > 0 {
+				wc := cfg
+				wc.RequestTimeout += cfg.OrderWait
+				t.waitClients = append(t.waitClients, newClient(u.Host, local, wc, bind))
+			}
 		}
 		r.targets = append(r.targets, t)
 	}
@@ -222,7 +238,11 @@ func (r *Runner) Plan(start time.Time) Timeline {
 // state through every (source, target) pair so connections exist before the
 // rush; it fails when a target never answers.
 func (r *Runner) Run(ctx context.Context, tl Timeline) error {
-	if err := r.warmup(ctx, tl); err != nil {
+	var polls sync.WaitGroup
+	polls.Go(func() { r.pollState(ctx, tl) })
+	err := r.warmup(ctx, tl)
+	polls.Wait()
+	if err != nil {
 		return err
 	}
 	if d := time.Until(tl.RushStart); d > 0 {
@@ -404,6 +424,9 @@ func (r *Runner) purchase(ctx context.Context, tl Timeline, intended time.Time) 
 	res.Done = time.Now()
 	res.Latency = res.Done.Sub(intended)
 	r.rec.Record(res, intended)
+	if res.Status == 202 && res.OrderID != "" {
+		r.waitOrder(res.OrderID, res.UserID, src, res.Done)
+	}
 }
 
 // answer is the part of a JSON body the bench reads.

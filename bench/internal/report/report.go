@@ -104,10 +104,13 @@ type Report struct {
 	RetryMix []load.MixEntry    `json:"retried_answers"`
 	Timeline Timeline           `json:"timeline"`
 	Drain    verify.DrainResult `json:"drain"`
-	API      *verify.APIState   `json:"api_state,omitempty"`
-	Verdict  verify.Verdict     `json:"verdict"`
-	Line     string             `json:"verdict_line"`
-	Problems []string           `json:"problems,omitempty"`
+	// Reads are the read mix (sale-state polls, order waits); nil when the
+	// run had none.
+	Reads    *load.ReadsSnapshot `json:"reads,omitempty"`
+	API      *verify.APIState    `json:"api_state,omitempty"`
+	Verdict  verify.Verdict      `json:"verdict"`
+	Line     string              `json:"verdict_line"`
+	Problems []string            `json:"problems,omitempty"`
 }
 
 // Build assembles a report.
@@ -267,6 +270,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintf(&b, "%-34s %9d %6.1f%%\n", m.Key, m.Count, share)
 	}
+	if rd := r.Reads; rd != nil && (rd.StatePolls.Requests > 0 || rd.OrderWaits.Latency.Count > 0) {
+		b.WriteString("\n")
+		writeReads(&b, rd)
+	}
 	s := r.Summary
 	fmt.Fprintf(&b, "\nthroughput: %.0f purchases/s over %.2f s; %.0f accepted/s in the rush; %.0f sold-out answers/s in the tail\n",
 		s.Throughput, s.Seconds, s.AcceptedPerSec, s.SoldOutPerSec)
@@ -315,6 +322,27 @@ func (r *Report) WriteTable(w io.Writer) error {
 	b.WriteString(r.Line + "\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeReads is the read-mix part of the table.
+func writeReads(b *strings.Builder, rd *load.ReadsSnapshot) {
+	fmt.Fprintf(b, "%-14s %9s %9s %9s %9s %9s %9s  %s\n", "reads (ms)", "count", "p50", "p90", "p99", "p99.9", "max", "answers")
+	line := func(name string, k load.ReadKind) {
+		l := k.Latency
+		fmt.Fprintf(b, "%-14s %9d %9.2f %9.2f %9.2f %9.2f %9.2f ", name, l.Count, l.P50, l.P90, l.P99, l.P999, l.Max)
+		for _, m := range sortedKeys(k.Mix) {
+			fmt.Fprintf(b, " %s: %d;", m, k.Mix[m])
+		}
+		b.WriteString("\n")
+	}
+	line("state polls", rd.StatePolls)
+	line("order waits", rd.OrderWaits)
+	fmt.Fprintf(b, "(state polls: %d/s through the warm-up, per request; order waits: from the 202 to the final answer, %d long-polls of ?wait=%gs in all",
+		rd.StatePollRate, rd.OrderWaits.Requests, rd.OrderWait)
+	if rd.Skipped > 0 {
+		fmt.Fprintf(b, ", %d accepted orders not waited for", rd.Skipped)
+	}
+	b.WriteString(")\n")
 }
 
 func sortedKeys(m map[string]int64) []string {

@@ -22,6 +22,7 @@ type Attempt struct {
 	Code      string // the "code" of an error body
 	OrderID   string
 	Tries     int
+	Elapsed   time.Duration // of the last try
 	// Answers lists every answer in order: "202", "409 sold_out", "503
 	// unavailable", "error" (transport).
 	Answers []string
@@ -111,8 +112,9 @@ func (c *Crowd) attempt(client *http.Client, backends []*Proc, i int, a *Attempt
 	for try := 0; try <= c.Retries; try++ {
 		a.Tries++
 		b := backends[(i+try)%len(backends)]
+		start := time.Now()
 		status, code, id, err := purchase(client, b.URL(), c.Sale.ID, a, c.Prepare)
-		a.Status, a.Code, a.OrderID = status, code, id
+		a.Status, a.Code, a.OrderID, a.Elapsed = status, code, id, time.Since(start)
 		if err != nil {
 			a.Answers = append(a.Answers, "error")
 		} else if code != "" {

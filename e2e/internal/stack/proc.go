@@ -164,6 +164,16 @@ func (p *Proc) Running() bool {
 	}
 }
 
+// Pid is the process id of the current run (0 when never started).
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Exited is closed when the current run ends.
 func (p *Proc) Exited() <-chan struct{} {
 	p.mu.Lock()

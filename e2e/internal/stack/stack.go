@@ -65,6 +65,10 @@ type Options struct {
 	BackendEnv map[int][]string
 	// StartWorkers false leaves the workers prepared but not started.
 	NoStartWorkers bool
+	// AMQPURL is a broker of the test's own ("" for the shared one).
+	AMQPURL string
+	// RedisURL is a Redis of the test's own ("" for the shared one).
+	RedisURL string
 }
 
 // Stack is one isolated deployment.
@@ -79,6 +83,7 @@ type Stack struct {
 	RedisURL   string
 	Prefix     string // Redis key prefix
 	AMQPPrefix string
+	AMQPURL    string
 	Topo       broker.Topology
 	Res        *reservation.Store
 	Backends   []*Proc
@@ -96,7 +101,10 @@ func New(t testing.TB, o Options) *Stack {
 	t.Helper()
 	s := &Stack{t: t, Dir: t.TempDir()}
 	s.DSN = servicetest.MySQLDSN(t)
-	s.RedisURL = redisURL(t, o.RedisDB)
+	s.RedisURL = o.RedisURL
+	if s.RedisURL == "" {
+		s.RedisURL = redisURL(t, o.RedisDB)
+	}
 	s.Redis, s.Prefix = servicetest.RedisAt(t, s.RedisURL)
 	topo := broker.TopologyFor(conf.RabbitMQ{Prefix: "x", DeliveryLimit: 5})
 	suffix := func(names []string) []string {
@@ -106,7 +114,13 @@ func New(t testing.TB, o Options) *Stack {
 		}
 		return out
 	}
-	s.AMQPPrefix = servicetest.AMQPPrefix(t, suffix(topo.QueueNames()), suffix(topo.ExchangeNames()))
+	s.AMQPURL = o.AMQPURL
+	if s.AMQPURL == "" {
+		s.AMQPURL = servicetest.AMQPURL()
+		s.AMQPPrefix = servicetest.AMQPPrefix(t, suffix(topo.QueueNames()), suffix(topo.ExchangeNames()))
+	} else {
+		s.AMQPPrefix = servicetest.Name(t) // an own broker goes with the test
+	}
 	s.Topo = broker.TopologyFor(conf.RabbitMQ{Prefix: s.AMQPPrefix, DeliveryLimit: conf.Default().RabbitMQ.DeliveryLimit})
 	s.Res = reservation.New(s.Redis, s.Prefix)
 	s.ConfigPath = filepath.Join(s.Dir, "seckill.toml")
@@ -115,7 +129,7 @@ func New(t testing.TB, o Options) *Stack {
 		conf.EnvMySQLDSN+"="+s.DSN,
 		conf.EnvRedisURL+"="+s.RedisURL,
 		conf.EnvRedisKeyPrefix+"="+s.Prefix,
-		conf.EnvAMQPURL+"="+servicetest.AMQPURL(),
+		conf.EnvAMQPURL+"="+s.AMQPURL,
 		conf.EnvAMQPQueuePrefix+"="+s.AMQPPrefix,
 		conf.EnvAdminToken+"="+AdminToken,
 	)
@@ -209,7 +223,7 @@ func (s *Stack) CreateSale(t testing.TB, id, stock, limit int64) Sale {
 // (unacknowledged: consumers counted by the broker; RabbitMQ's passive declare
 // reports ready messages only, so the drain also waits for Redis).
 func (s *Stack) QueueDepth(t testing.TB) (int, error) {
-	conn, err := amqp.Dial(servicetest.AMQPURL())
+	conn, err := amqp.Dial(s.AMQPURL)
 	if err != nil {
 		return 0, err
 	}
@@ -228,7 +242,7 @@ func (s *Stack) QueueDepth(t testing.TB) (int, error) {
 // DeadLetters counts the messages in the dead-letter queue.
 func (s *Stack) DeadLetters(t testing.TB) int {
 	t.Helper()
-	conn, err := amqp.Dial(servicetest.AMQPURL())
+	conn, err := amqp.Dial(s.AMQPURL)
 	servicetest.Must(t, err, "dial")
 	defer conn.Close()
 	ch, err := conn.Channel()

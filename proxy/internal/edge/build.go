@@ -1,11 +1,14 @@
 package edge
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,6 +19,7 @@ import (
 	"github.com/seckill/seckill/proxy/internal/forward"
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
+	"github.com/seckill/seckill/proxy/internal/readcache"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
 
@@ -24,6 +28,10 @@ type Proxy struct {
 	Handler *Handler
 	Metrics *limiter.Metrics
 	cfg     conf.Config
+
+	// beforeServe is a test hook run first in every forwarded request (a
+	// test injects a panic with it); nil in production.
+	beforeServe atomic.Pointer[func(*fasthttp.RequestCtx)]
 }
 
 // Option adjusts New.
@@ -70,7 +78,8 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger, opts ...Option) (
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg), Registry: reg,
+	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg),
+		ReadCache: readcache.New(cfg.Proxy.Rules, reg), Registry: reg,
 		Security: NewSecurityMetrics(reg), metrics: metrics.Handler(reg)}
 	h.SetRules(rules)
 	h.SetGate(gate)
@@ -91,15 +100,24 @@ func (p *Proxy) Reload(c conf.Proxy) error {
 	}
 	p.Handler.SetRules(rs)
 	p.Handler.SetGate(gate)
+	p.Handler.ReadCache.SetRules(c.Rules)
 	return nil
+}
+
+// WatchStockEvents makes the sold-out cache and the read cache forget an
+// activity on news about it, until ctx ends (see internal/soldout.Watch).
+func (p *Proxy) WatchStockEvents(ctx context.Context, rdb *redis.Client, log *slog.Logger, ready chan<- struct{}) {
+	p.Handler.SoldOut.Subscribe(ctx, rdb, p.cfg.Redis.KeyPrefix, log, ready, p.Handler.ReadCache)
 }
 
 // Server is the forwarding listener's server.
 func (p *Proxy) Server(log *slog.Logger) *fasthttp.Server {
 	c := p.cfg.Proxy
 	return &fasthttp.Server{
-		Handler:                       p.Handler.Serve,
+		Handler:                       recovered(p.serve, log),
 		ErrorHandler:                  ServerError,
+		Concurrency:                   c.Concurrency,
+		MaxConnsPerIP:                 c.MaxConnsPerIP,
 		Name:                          "seckill-proxy",
 		ReadTimeout:                   c.ReadTimeout.Duration,
 		WriteTimeout:                  c.WriteTimeout.Duration,
@@ -116,9 +134,33 @@ func (p *Proxy) Server(log *slog.Logger) *fasthttp.Server {
 	}
 }
 
+func (p *Proxy) serve(ctx *fasthttp.RequestCtx) {
+	if f := p.beforeServe.Load(); f != nil {
+		(*f)(ctx)
+	}
+	p.Handler.Serve(ctx)
+}
+
+// recovered answers 500 (problem+json) for a request whose handler
+// panicked, closes its connection and logs it: one bad request never ends
+// the process or reaches the client as a dropped connection.
+func recovered(h fasthttp.RequestHandler, log *slog.Logger) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("proxy handler panicked", "panic", r, "path", string(ctx.Path()), "stack", string(debug.Stack()))
+				ctx.Response.Reset()
+				ctx.SetConnectionClose()
+				problem(ctx, fasthttp.StatusInternalServerError, "internal-error", "Internal error", "the proxy failed on this request")
+			}
+		}()
+		h(ctx)
+	}
+}
+
 // AdminServer serves /healthz, /readyz, /metrics.
 func (p *Proxy) AdminServer(log *slog.Logger) *fasthttp.Server {
-	return &fasthttp.Server{Handler: p.Handler.Admin, Name: "seckill-proxy-admin", ReadTimeout: 5 * time.Second,
+	return &fasthttp.Server{Handler: recovered(p.Handler.Admin, log), Name: "seckill-proxy-admin", ReadTimeout: 5 * time.Second,
 		WriteTimeout: 5 * time.Second, IdleTimeout: time.Minute, Logger: fasthttpLogger{log}}
 }
 

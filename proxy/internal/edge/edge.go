@@ -16,10 +16,11 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/internal/metrics"
-
+	isoldout "github.com/seckill/seckill/internal/soldout"
 	"github.com/seckill/seckill/proxy/internal/forward"
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
+	"github.com/seckill/seckill/proxy/internal/readcache"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
 
@@ -32,9 +33,11 @@ type Handler struct {
 	Identity *identity.Resolver
 	Pool     *forward.Pool
 	SoldOut  *soldout.Cache // nil: disabled
-	Registry *prometheus.Registry
-	metrics  fasthttp.RequestHandler
-	pool     sync.Pool
+	// ReadCache answers GETs of rules with a read_cache_ttl; nil: disabled.
+	ReadCache *readcache.Cache
+	Registry  *prometheus.Registry
+	metrics   fasthttp.RequestHandler
+	pool      sync.Pool
 }
 
 // SetRules swaps the rule set atomically (SIGHUP).
@@ -72,21 +75,35 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 
-	var sent time.Time // only purchases need it (sold-out cache)
-	soldID, purchase := []byte(nil), false
+	var tok isoldout.Token // only purchases need it (sold-out cache)
+	soldID, purchase := int64(0), false
 	if h.SoldOut != nil {
 		if soldID, purchase = soldout.PurchaseID(method, path); purchase {
-			sent = time.Now()
+			tok = h.SoldOut.Token()
 			// A keyed purchase may be the replay of an accepted order: only
 			// the backend can answer it (with that order), so it goes on. (Its
 			// sold_out answer for a new key is still learnt below.)
 			keyed := len(ctx.Request.Header.PeekBytes(hdrIdempotencyKey)) > 0
-			if body, ctype, ok := h.lookupSoldOut(soldID, sent, keyed); ok {
+			if body, ctype, ok := h.lookupSoldOut(soldID, ctx.Time(), keyed); ok {
 				ctx.SetStatusCode(fasthttp.StatusConflict)
 				ctx.SetContentTypeBytes(ctype)
 				ctx.SetBody(body)
 				return
 			}
+		}
+	}
+
+	var readTok isoldout.Token
+	var readTTL time.Duration
+	var readKey string
+	if h.ReadCache != nil {
+		if readTTL = h.ReadCache.TTL(method, path); readTTL > 0 && readcache.Cacheable(&ctx.Request.Header) {
+			if h.ReadCache.Serve(ctx, ctx.Request.Header.RequestURI(), path, ctx.Time()) {
+				return
+			}
+			readTok, readKey = h.ReadCache.Token(), string(ctx.Request.Header.RequestURI())
+		} else {
+			readTTL = 0
 		}
 	}
 
@@ -126,14 +143,19 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		resp := &ctx.Response
 		if ct := resp.Header.ContentType(); resp.Header.ContentLength() >= 0 && resp.Header.ContentLength() <= 4096 {
 			if body := resp.Body(); soldout.IsSoldOut(409, ct, body) {
-				h.SoldOut.Learn(soldID, sent, ct, body)
+				if h.SoldOut.Learn(soldID, tok, ct, body) && h.ReadCache != nil {
+					h.ReadCache.Changed(soldID) // its cached sale state still shows units
+				}
 			}
 		}
+	}
+	if readTTL > 0 {
+		h.ReadCache.Store([]byte(readKey), path, readTok, &ctx.Response, readTTL, time.Now())
 	}
 }
 
 // lookupSoldOut is the edge's sold-out answer for an unkeyed purchase.
-func (h *Handler) lookupSoldOut(id []byte, now time.Time, keyed bool) (body, ctype []byte, ok bool) {
+func (h *Handler) lookupSoldOut(id int64, now time.Time, keyed bool) (body, ctype []byte, ok bool) {
 	if keyed {
 		return nil, nil, false
 	}

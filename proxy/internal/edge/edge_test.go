@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/servicetest"
 )
@@ -353,5 +355,55 @@ func TestRedisFaults(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A handler that panics (the test hook injects one) answers 500 as problem
+// JSON and closes that connection; the proxy keeps serving the next request.
+func TestPanicAnswers500AndTheProxyServesOn(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t)
+	p := startProxy(t, baseConfig(t, up.addr))
+	boom := func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) == "/boom" {
+			panic("injected")
+		}
+	}
+	p.p.beforeServe.Store(&boom)
+	c := client(p.addr)
+	resp := get(t, c, "GET", "/boom")
+	if resp.StatusCode() != fasthttp.StatusInternalServerError || string(resp.Header.ContentType()) != "application/problem+json" ||
+		!resp.ConnectionClose() {
+		t.Fatalf("panic answered %d %q close=%v: %s", resp.StatusCode(), resp.Header.ContentType(), resp.ConnectionClose(), resp.Body())
+	}
+	for range 3 {
+		if resp := get(t, c, "GET", "/fine"); resp.StatusCode() != fasthttp.StatusOK {
+			t.Fatalf("after the panic: %d %s", resp.StatusCode(), resp.Body())
+		}
+	}
+}
+
+// MaxConnsPerIP bounds one client's connections: beyond it the server
+// refuses (fasthttp answers 429 and closes), others pass.
+func TestMaxConnsPerIP(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t)
+	cfg := baseConfig(t, up.addr)
+	cfg.Proxy.MaxConnsPerIP = 1
+	p := startProxy(t, cfg)
+	first, err := net.Dial("tcp", p.addr)
+	servicetest.Must(t, err, "dial")
+	defer first.Close()
+	_, err = first.Write([]byte("GET /a HTTP/1.1\r\nHost: x\r\n\r\n"))
+	servicetest.Must(t, err, "write")
+	buf := make([]byte, 512)
+	_ = first.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := first.Read(buf)
+	if err != nil || !strings.HasPrefix(string(buf[:n]), "HTTP/1.1 200") {
+		t.Fatalf("first connection: %q %v", buf[:n], err)
+	}
+	// The first connection is still open: a second one is refused.
+	if got := raw(t, p.addr, "GET /b HTTP/1.1\r\nHost: x\r\n\r\n", 5*time.Second); !strings.HasPrefix(got, "HTTP/1.1 429") {
+		t.Fatalf("second connection of the same address: %q", got)
 	}
 }

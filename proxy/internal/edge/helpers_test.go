@@ -118,7 +118,7 @@ func startProxy(t *testing.T, cfg conf.Config, opts ...Option) *proxyUnderTest {
 	done := make(chan struct{})
 	go func() { p.Handler.Limiter.Run(ctx); close(done) }()
 	ready := make(chan struct{})
-	go p.Handler.SoldOut.Subscribe(ctx, rdb, cfg.Redis.KeyPrefix, log, ready)
+	go p.WatchStockEvents(ctx, rdb, log, ready)
 	<-ready
 	t.Cleanup(func() { cancel(); <-done; _ = srv.Shutdown() })
 	return &proxyUnderTest{addr: ln.Addr().String(), p: p, rdb: rdb}

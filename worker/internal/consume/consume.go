@@ -310,7 +310,35 @@ type group struct {
 	tags       []uint64
 	orders     []store.Order
 	outcomes   []store.Outcome
+	// rejected[i] is set when MySQL refused order i for good (it is
+	// dead-lettered, and settled failed in Redis).
+	rejected map[int]error
 }
+
+// written lists the tags of the orders MySQL decided.
+func (g *group) written() []uint64 {
+	if len(g.rejected) == 0 {
+		return g.tags
+	}
+	out := make([]uint64, 0, len(g.tags))
+	for i, t := range g.tags {
+		if g.rejected[i] == nil {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// ReasonRejected is the failure reason, in Redis, of an order MySQL refused
+// for good; its message is dead-lettered with MySQL's error.
+const ReasonRejected = "rejected"
+
+// permanentTries bounds the tries of a group whose write MySQL refuses with
+// a permanent error before its orders are written one by one.
+const permanentTries = 3
+
+// errPermanent: MySQL refused the group permanentTries times for good.
+var errPermanent = errors.New("rejected by MySQL for good")
 
 // settleBacklog bounds the committed batches of one channel waiting to be
 // settled in Redis.
@@ -324,8 +352,10 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 	c.m.Deliveries.Add(float64(len(batch)))
 	var groups []*group
 	byID := map[int64]*group{}
+	byTag := make(map[uint64]amqp.Delivery, len(batch))
 	var ackTags []uint64 // decided, to be acked
 	for _, d := range batch {
+		byTag[d.DeliveryTag] = d
 		o, err := ordermsg.Decode(d.Body)
 		if err != nil {
 			if c.deadLetter(ctx, ch, d, err, dl) {
@@ -346,12 +376,29 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 	all := true
 	var done []*group
 	for _, g := range groups {
-		if ctx.Err() != nil || !c.write(ctx, g) {
+		if ctx.Err() != nil {
+			all = false
+			break
+		}
+		err := c.write(ctx, g)
+		if errors.Is(err, errPermanent) {
+			// MySQL rejects something in the group for good: write its
+			// orders one by one, dead-letter the ones rejected.
+			var dead []int
+			if g, dead, err = c.isolate(ctx, g); err == nil {
+				for _, i := range dead {
+					if c.deadLetter(ctx, ch, byTag[g.tags[i]], g.rejected[i], dl) {
+						ackTags = append(ackTags, g.tags[i])
+					}
+				}
+			}
+		}
+		if err != nil {
 			all = false
 			break
 		}
 		done = append(done, g)
-		ackTags = append(ackTags, g.tags...)
+		ackTags = append(ackTags, g.written()...)
 	}
 	acked := c.ack(ch, ackTags, all)
 	if len(done) > 0 {
@@ -388,15 +435,17 @@ func (c *Consumer) ack(ch *amqp.Channel, tags []uint64, all bool) bool {
 }
 
 // write claims and commits one group, retrying with back-off while Redis or
-// MySQL fail. It reports false only when ctx ended first (shutdown grace over
-// or connection lost); nothing is then acked.
-func (c *Consumer) write(ctx context.Context, g *group) bool {
+// MySQL fail. It returns ctx's error when ctx ended first (shutdown grace
+// over or connection lost; nothing is then acked), and errPermanent when
+// MySQL refused the group for good permanentTries times in a row.
+func (c *Consumer) write(ctx context.Context, g *group) error {
 	ids := make([]string, len(g.orders))
 	for i, o := range g.orders {
 		ids[i] = o.OrderID
 	}
 	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
 	claimed := false
+	permanent := 0
 	for try := 1; ; try++ {
 		var err error
 		if !claimed {
@@ -421,21 +470,56 @@ func (c *Consumer) write(ctx context.Context, g *group) bool {
 				for _, o := range g.outcomes {
 					c.m.Orders.WithLabelValues(o.Label()).Inc()
 				}
-				return true
+				return nil
 			}
 			if ctx.Err() == nil {
 				c.m.Retries.WithLabelValues(workermetrics.CauseMySQL).Inc()
 			}
+			if store.Permanent(err) {
+				permanent++
+			} else {
+				permanent = 0
+			}
+			if permanent >= permanentTries {
+				return fmt.Errorf("%w: %v", errPermanent, err)
+			}
 		}
 		if ctx.Err() != nil {
-			return false
+			return ctx.Err()
 		}
 		d := bo.Next()
 		c.log.Warn("batch not written; retrying", "activity", g.activityID, "orders", len(g.orders), "try", try, "in", d, "err", err)
 		if !backoff.Sleep(ctx, d) {
-			return false
+			return ctx.Err()
 		}
 	}
+}
+
+// isolate writes the orders of a group MySQL refused one by one; each one
+// refused for good is marked rejected (and settled failed in Redis), the
+// rest are written as usual. It returns the group with every outcome and
+// the indexes of the rejected orders.
+func (c *Consumer) isolate(ctx context.Context, g *group) (*group, []int, error) {
+	g.outcomes = make([]store.Outcome, len(g.orders))
+	g.rejected = map[int]error{}
+	var dead []int
+	for i, o := range g.orders {
+		one := &group{activityID: g.activityID, tags: g.tags[i : i+1], orders: []store.Order{o}}
+		err := c.write(ctx, one)
+		switch {
+		case err == nil:
+			g.outcomes[i] = one.outcomes[0]
+		case errors.Is(err, errPermanent):
+			g.rejected[i] = err
+			dead = append(dead, i)
+			g.outcomes[i] = store.Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity, Reason: ReasonRejected}
+			c.m.Orders.WithLabelValues(ReasonRejected).Inc()
+			c.log.Error("order rejected by MySQL for good; dead-lettered", "order_id", o.OrderID, "err", err)
+		default:
+			return g, nil, err
+		}
+	}
+	return g, dead, nil
 }
 
 // settle applies a committed group's outcomes to Redis, retrying while Redis

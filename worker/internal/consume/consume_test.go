@@ -326,3 +326,59 @@ func TestConsumeReconnectsAfterDroppedConnection(t *testing.T) {
 	}
 	s.checkSettled(8, orders)
 }
+
+// A row MySQL rejects for good (here a CHECK constraint the test adds) is
+// tried a bounded number of times, then dead-lettered once with MySQL's
+// reason and settled failed in Redis; the rest of its batch is confirmed and
+// the channel goes on.
+func TestConsumePermanentMySQLErrorDeadLettersTheRow(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.sale(4, 10, 1)
+	_, err := s.db.Exec(`ALTER TABLE orders ADD CONSTRAINT no_poison CHECK (user_id <> 'poison')`)
+	servicetest.Must(t, err, "add constraint")
+	var orders []ordermsg.Order
+	for _, u := range []string{"ann", "bob", "poison", "cat", "dan"} {
+		orders = append(orders, s.reserve(4, u, 1))
+	}
+	s.publishOrders(orders...)
+	cfg := testConfig(s.topo)
+	cfg.BatchSize = 10
+	cfg.BatchWait = 200 * time.Millisecond // one batch
+	r := s.start(cfg, nil)
+	waitFor(t, "the batch decided and the rejected row dead-lettered", func() bool {
+		return s.countOrders() == 4 && s.depth(s.topo.DeadQueue) == 1 && s.depth(s.topo.Queue) == 0
+	})
+	later := s.reserve(4, "eve", 1)
+	s.publishOrders(later)
+	waitFor(t, "the channel goes on", func() bool { return s.orderStatus(later.OrderID) == "confirmed" })
+	r.shutdown(t)
+	for _, o := range orders {
+		want := "confirmed"
+		if o.UserID == "poison" {
+			want = ""
+		}
+		if got := s.orderStatus(o.OrderID); got != want {
+			t.Errorf("order of %s: %q, want %q", o.UserID, got, want)
+		}
+	}
+	d, ok, err := s.pubCh.Get(s.topo.DeadQueue, true)
+	servicetest.Must(t, err, "get dead letter")
+	if !ok || d.MessageId != orders[2].OrderID {
+		t.Fatalf("dead letter %q (found %v), want the poison order", d.MessageId, ok)
+	}
+	if reason, _ := d.Headers[broker.DeadReasonHeader].(string); !strings.Contains(reason, "no_poison") {
+		t.Errorf("dead-letter reason %q does not name the constraint", reason)
+	}
+	if got := value(r.m.DeadLettered.WithLabelValues(workermetrics.DeadPublished)); got != 1 {
+		t.Errorf("%v dead letters, want 1", got)
+	}
+	rec, found, err := s.res.Order(context.Background(), 4, orders[2].OrderID)
+	servicetest.Must(t, err, "record")
+	if !found || rec.State != reservation.Failed || rec.Reason != consume.ReasonRejected {
+		t.Errorf("rejected order in Redis: %+v (found %v), want failed/rejected", rec, found)
+	}
+	if stock, sold := s.stockSold(4); sold != 5 || stock != 5 {
+		t.Errorf("stock %d sold %d, want 5 and 5", stock, sold)
+	}
+}

@@ -66,7 +66,16 @@ type Reconciler struct {
 	log     *slog.Logger
 	m       *Metrics
 	timeout time.Duration
+	// recovery is how long a rebuilt sale answers "unsure" to keys Redis
+	// does not know (SetRecoveryWindow).
+	recovery time.Duration
 }
+
+// SetRecoveryWindow sets how long a sale rebuilt after a Redis loss answers
+// 503 to idempotency keys Redis does not know and MySQL does not hold yet:
+// long enough for every order published before the loss to reach MySQL
+// (reservation TTL plus the sweeper's grace).
+func (c *Reconciler) SetRecoveryWindow(d time.Duration) { c.recovery = d }
 
 // New returns a reconciler; m may be nil.
 func New(db *sql.DB, store *reservation.Store, log *slog.Logger, m *Metrics, timeout time.Duration) *Reconciler {
@@ -271,6 +280,11 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 	if err != nil {
 		return err
 	}
+	// Before the sale exists again: decided orders get their records and
+	// keys back, and unknown keys answer "unsure" for the recovery window.
+	if err := salesdb.Restore(ctx, c.db, c.store, id, c.recovery); err != nil {
+		return err
+	}
 	out, _, err := c.store.Warm(ctx, id, reservation.WarmArgs{
 		Total: ms.total, Limit: ms.limit, Start: ms.start, End: ms.end, Sold: ms.sold, Users: users,
 		CreateOnly: true, // a sale that exists meanwhile is newer than this read
@@ -280,11 +294,8 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 		return err
 	}
 	switch out {
-	case reservation.WarmCreated:
-		// Give decided orders their records and idempotency keys back.
-		return salesdb.Restore(ctx, c.db, c.store, id)
-	case reservation.WarmExists, reservation.WarmArchived:
-		return nil // the backend rebuilt it meanwhile, or the archiver archived it
+	case reservation.WarmCreated, reservation.WarmExists, reservation.WarmArchived:
+		return nil // created, or the backend rebuilt it meanwhile, or the archiver archived it
 	}
 	return fmt.Errorf("rebuild activity %d: %s", id, out)
 }

@@ -29,6 +29,9 @@ const (
 	ReasonLimitExceeded    = "limit_exceeded"
 	ReasonReleased         = "released"
 	ReasonActivityNotFound = "activity_not_found"
+	// ReasonDuplicateKey: MySQL holds another order of the same user and
+	// idempotency key (index orders_user_key); this one never confirms.
+	ReasonDuplicateKey = "duplicate_key"
 )
 
 // Order is one order message with the state claim.lua found for it.
@@ -156,11 +159,15 @@ func (s *Store) tx(ctx context.Context, activityID int64, orders []Order, soldOu
 	// primary key still refuses a duplicate (error 1062, the whole attempt is
 	// rolled back), and every later try checks.
 	check := needsCheck(orders)
+	// Keys held by other orders are looked up only after the index refused
+	// one: Redis's idempotency check keeps that rare.
+	keys := false
 	for attempt := 1; ; attempt++ {
 		start := time.Now()
-		res, guardFailed, err := s.attempt(ctx, activityID, orders, soldOut, check)
+		res, guardFailed, err := s.attempt(ctx, activityID, orders, soldOut, check, keys)
 		s.m.TxSeconds.Observe(time.Since(start).Seconds())
 		check = true
+		keys = keys || keyTaken(err)
 		cause, transient := transientCause(err)
 		if err == nil || !transient || attempt >= s.attempts || ctx.Err() != nil {
 			if err != nil {
@@ -200,6 +207,35 @@ const (
 	erLockDeadlock    = 1213
 )
 
+// Permanent reports a MySQL error that rejects the data itself (a CHECK or
+// foreign key violation, a value out of range or too long, a bad value): the
+// same write fails however often it is repeated. Anything else (lost
+// connections, timeouts, deadlocks, a server that is down) may pass later.
+func Permanent(err error) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case 1048, // column cannot be null
+		1264,       // out of range value
+		1292,       // truncated incorrect value
+		1366,       // incorrect value for column
+		1406,       // data too long
+		1451, 1452, // foreign key
+		3819, // MySQL: check constraint violated
+		4025: // MariaDB: CONSTRAINT failed
+		return true
+	}
+	return false
+}
+
+// keyTaken reports a duplicate on the orders_user_key index.
+func keyTaken(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == erDupEntry && strings.Contains(me.Message, "orders_user_key")
+}
+
 func transientCause(err error) (string, bool) {
 	var me *mysql.MySQLError
 	if !errors.As(err, &me) {
@@ -222,7 +258,9 @@ func transientCause(err error) (string, bool) {
 // Without check it does not look for redeliveries: an order already in MySQL
 // then fails the orders insert with a duplicate key, and the caller tries again
 // with check.
-func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, soldOut, check bool) (res []Outcome, guardFailed bool, err error) {
+// With keys it also looks up the idempotency keys MySQL already holds for
+// other orders, and fails the batch's orders that repeat one.
+func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, soldOut, check, keys bool) (res []Outcome, guardFailed bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
@@ -274,14 +312,31 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 		return nil, false, fmt.Errorf("select activity: %w", err)
 	}
 
-	// 3. Released and unknown-activity orders fail; the rest are candidates.
+	// 3. Released, unknown-activity and duplicate-key orders fail; the rest
+	// are candidates. A released order's key was given back to its client
+	// with the 503, so it is stored without it.
+	var taken map[string]bool
+	if keys {
+		if taken, err = takenKeys(ctx, tx, activityID, orders, fresh); err != nil {
+			return nil, false, err
+		}
+	} else {
+		taken = map[string]bool{}
+	}
 	var candidates []int
 	for _, i := range fresh {
 		o := orders[i]
 		res[i] = Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity}
+		kk := o.UserID + "\x00" + o.IdempotencyKey
+		dupKey := o.IdempotencyKey != "" && o.Claim != reservation.Failed && taken[kk]
+		if o.IdempotencyKey != "" && o.Claim != reservation.Failed {
+			taken[kk] = true // a second order of the key in this batch
+		}
 		switch {
 		case o.Claim == reservation.Failed:
 			res[i].Reason = ReasonReleased
+		case dupKey:
+			res[i].Reason = ReasonDuplicateKey
 		case archived && o.Claim == reservation.Unknown:
 			// The sale was archived with nothing pending: every order not in
 			// MySQL by then had been released, and its record went with the
@@ -356,7 +411,7 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 			status, reason = "failed", r.Reason
 		}
 		key := any(nil)
-		if o.IdempotencyKey != "" {
+		if o.IdempotencyKey != "" && r.Reason != ReasonReleased && r.Reason != ReasonDuplicateKey {
 			key = o.IdempotencyKey
 		}
 		reservedAt := any(nil)
@@ -444,6 +499,40 @@ func storedOrders(ctx context.Context, tx *sql.Tx, orders []Order) (map[string]O
 		return nil, fmt.Errorf("select orders: %w", err)
 	}
 	return stored, nil
+}
+
+// takenKeys returns "user\x00key" of the keys MySQL holds for the users of
+// the fresh keyed orders.
+func takenKeys(ctx context.Context, tx *sql.Tx, activityID int64, orders []Order, fresh []int) (map[string]bool, error) {
+	taken := map[string]bool{}
+	args := []any{activityID}
+	seen := map[string]bool{}
+	for _, i := range fresh {
+		if u := orders[i].UserID; orders[i].IdempotencyKey != "" && !seen[u] {
+			seen[u] = true
+			args = append(args, u)
+		}
+	}
+	if len(args) == 1 {
+		return taken, nil
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT user_id, idempotency_key FROM orders WHERE activity_id = ? AND user_id IN ("+
+		marks(len(args)-1)+") AND idempotency_key IS NOT NULL FOR UPDATE", args...)
+	if err != nil {
+		return nil, fmt.Errorf("select keys: %w", err)
+	}
+	for rows.Next() {
+		var u, k string
+		if err := rows.Scan(&u, &k); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("scan keys: %w", err)
+		}
+		taken[u+"\x00"+k] = true
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, fmt.Errorf("select keys: %w", err)
+	}
+	return taken, nil
 }
 
 // marks returns n comma-separated placeholders.

@@ -369,3 +369,71 @@ func TestWriteArchivedSale(t *testing.T) {
 		t.Errorf("stock %d sold %d, want 4 and 1", stock, sold)
 	}
 }
+
+// TestWriteDuplicateKey: MySQL holds one order per (sale, user, key)
+// (index orders_user_key). A second order of a key — Redis forgot the key,
+// or two arrive in one batch — fails as duplicate_key without taking stock,
+// and is stored without the key; so is a released order, whose key was
+// given back with its 503. Nothing loops on the duplicate.
+func TestWriteDuplicateKey(t *testing.T) {
+	t.Parallel()
+	const act = 11
+	db := openDB(t)
+	s := newStore(t, db)
+	createSale(t, db, act, 10, 3)
+	keyed := func(user, key string, claim reservation.State) store.Order {
+		o := order(act, user, 1)
+		o.IdempotencyKey = key
+		return store.Order{Order: o, Claim: claim}
+	}
+	ctx := context.Background()
+	first := keyed("ann", "k1", reservation.Claimed)
+	out, err := s.Write(ctx, act, []store.Order{first})
+	servicetest.Must(t, err, "first")
+	if !out[0].Confirmed {
+		t.Fatalf("first order: %+v", out[0])
+	}
+	batch := []store.Order{
+		keyed("ann", "k1", reservation.Claimed), // Redis lost the key: a second order
+		keyed("ann", "k1", reservation.Failed),  // released: its key was given back
+		keyed("ben", "k1", reservation.Claimed), // another user's key of the same name
+		keyed("ben", "k1", reservation.Unknown), // the same key twice in one batch
+		keyed("ann", "k2", reservation.Claimed),
+	}
+	want := []string{"duplicate_key", "released", "confirmed", "duplicate_key", "confirmed"}
+	out, err = s.Write(ctx, act, batch)
+	servicetest.Must(t, err, "batch")
+	for i, o := range out {
+		got := "confirmed"
+		if !o.Confirmed {
+			got = o.Reason
+		}
+		if got != want[i] || o.Redelivered {
+			t.Errorf("order %d: %+v, want %s", i, o, want[i])
+		}
+	}
+	keys := map[string]string{}
+	rows, err := db.Query("SELECT order_id, COALESCE(idempotency_key, '-') FROM orders")
+	servicetest.Must(t, err, "keys")
+	for rows.Next() {
+		var id, k string
+		servicetest.Must(t, rows.Scan(&id, &k), "scan")
+		keys[id] = k
+	}
+	_ = rows.Close()
+	wantKeys := []string{"k1", "-", "-", "k1", "-", "k2"}
+	for i, o := range append([]store.Order{first}, batch...) {
+		if keys[o.OrderID] != wantKeys[i] {
+			t.Errorf("order %d stored with key %q, want %q", i, keys[o.OrderID], wantKeys[i])
+		}
+	}
+	if stock, sold := stockSold(t, db, act); stock != 7 || sold != 3 {
+		t.Errorf("stock %d sold %d, want 7 and 3", stock, sold)
+	}
+	// A redelivery of the duplicate reports its stored outcome.
+	out, err = s.Write(ctx, act, batch[:1])
+	servicetest.Must(t, err, "redelivery")
+	if !out[0].Redelivered || out[0].Reason != "duplicate_key" {
+		t.Errorf("redelivered duplicate: %+v", out[0])
+	}
+}

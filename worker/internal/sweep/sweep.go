@@ -1,16 +1,21 @@
 // Package sweep resolves reservations whose deadline passed (I4: nothing stays
-// pending past its deadline plus one sweep). One sweeper is active across the
-// fleet at a time, through a Redis lease; its writes are idempotent, so a stale
-// holder that overlaps a new one for one tick does no harm.
+// pending past its deadline plus one sweep — except an order whose message the
+// broker confirmed, which waits for the workers however long they are away).
+// One sweeper is active across the fleet at a time, through a fenced Redis
+// lease renewed between chunks, so a long sweep never overlaps the next
+// holder's; its writes are idempotent besides.
 //
-// For an overdue reservation the sweeper asks MySQL, the truth:
+// For overdue reservations, in chunks of Batch per round trip, the sweeper asks
+// MySQL, the truth:
 //   - the order row exists: settle Redis with its outcome;
-//   - absent, and the message may still be in flight (before deadline +
-//     republish_after): publish the order again (the worker's insert is
-//     idempotent) and look again later;
-//   - absent after that: insert the order as failed ("expired") with INSERT
-//     IGNORE — MySQL arbitrates against a worker committing at the same moment —
-//     then settle Redis with whatever row MySQL now holds.
+//   - absent, and the record says the broker confirmed its message (queued):
+//     the message is safe in the queue, so look again later, never expire it;
+//   - absent and never confirmed, past deadline + grace: no message can be
+//     waiting for it save one whose publish outcome nobody learnt; insert it
+//     as failed ("expired") with INSERT IGNORE — MySQL arbitrates against a
+//     worker committing at the same moment — then settle Redis with whatever
+//     row MySQL now holds. It is never re-published: a reservation nobody saw
+//     confirmed may belong to a purchase that was answered 503.
 package sweep
 
 import (
@@ -19,27 +24,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/worker/internal/lease"
 )
 
-// Publisher re-publishes an order and returns once the broker confirmed it.
-type Publisher interface {
-	Publish(ctx context.Context, o ordermsg.Order) error
-}
-
 // Config of a sweeper.
 type Config struct {
-	Interval       time.Duration // between sweeps
-	RepublishAfter time.Duration // past the deadline, give up on the message after this
-	QueryTimeout   time.Duration // bound of each MySQL and Redis call
-	Instance       string        // names the lease holder
-	Batch          int64         // overdue orders handled per activity per sweep
+	Interval time.Duration // between sweeps
+	// Grace past the deadline before a reservation whose message the broker
+	// never confirmed is expired ([worker] republish_after).
+	Grace        time.Duration
+	QueryTimeout time.Duration // bound of each MySQL and Redis call
+	Instance     string        // names the lease holder
+	Batch        int64         // overdue orders handled per round trip
 }
 
 // Sweeper resolves overdue reservations.
@@ -48,24 +50,28 @@ type Sweeper struct {
 	rdb   redis.UniversalClient
 	store *reservation.Store
 	db    *sql.DB
-	pub   Publisher
 	log   *slog.Logger
 	lease *lease.Lease
+
+	afterChunk func() // test hook: runs between the chunks of a sweep
 }
 
 // New returns a sweeper.
-func New(cfg Config, rdb redis.UniversalClient, store *reservation.Store, db *sql.DB, pub Publisher, log *slog.Logger) *Sweeper {
+func New(cfg Config, rdb redis.UniversalClient, store *reservation.Store, db *sql.DB, log *slog.Logger) *Sweeper {
 	if cfg.Batch <= 0 {
-		cfg.Batch = 500
+		cfg.Batch = 1000
 	}
-	s := &Sweeper{cfg: cfg, rdb: rdb, store: store, db: db, pub: pub, log: log}
+	s := &Sweeper{cfg: cfg, rdb: rdb, store: store, db: db, log: log}
 	s.lease = lease.New(rdb, s.leaseKey(), cfg.Instance, 3*cfg.Interval)
 	return s
 }
 
 // Stats counts what one sweep did.
 type Stats struct {
-	Settled, Republished, Expired int
+	Settled, Expired int
+	// Waiting: queued orders (the broker confirmed their message) with no row
+	// yet; looked at again later.
+	Waiting int
 }
 
 // Run sweeps every Interval while it holds the lease, until ctx ends.
@@ -89,8 +95,8 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		}
 		if st, err := s.Sweep(ctx); err != nil {
 			s.log.Warn("sweep", "err", err)
-		} else if st != (Stats{}) {
-			s.log.Info("swept", "settled", st.Settled, "republished", st.Republished, "expired", st.Expired)
+		} else if st.Settled+st.Expired > 0 {
+			s.log.Info("swept", "settled", st.Settled, "expired", st.Expired, "waiting", st.Waiting)
 		}
 	}
 }
@@ -111,7 +117,12 @@ func (s *Sweeper) releaseLease() {
 	s.lease.Release(ctx)
 }
 
-// Sweep makes one pass over every warmed activity.
+// ErrLeaseLost stops a sweep whose lease another instance took over.
+var ErrLeaseLost = errors.New("sweeper lease lost")
+
+// Sweep makes one pass over every warmed activity, in chunks, until nothing
+// is overdue; between chunks it renews its lease (when it holds one) and
+// stops if the lease was lost.
 func (s *Sweeper) Sweep(ctx context.Context) (Stats, error) {
 	var st Stats
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
@@ -126,118 +137,157 @@ func (s *Sweeper) Sweep(ctx context.Context) (Stats, error) {
 	}
 	var errs []error
 	for _, id := range ids {
-		if err := s.sweepActivity(ctx, id, now, &st); err != nil {
-			errs = append(errs, err)
+		for {
+			n, err := s.sweepChunk(ctx, id, now, &st)
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			if n < int(s.cfg.Batch) {
+				break
+			}
+			if s.lease.Token() != 0 {
+				held, err := s.acquire(ctx)
+				if err != nil || !held {
+					return st, errors.Join(append(errs, ErrLeaseLost, err)...)
+				}
+			}
+			if s.afterChunk != nil {
+				s.afterChunk()
+			}
 		}
 	}
 	return st, errors.Join(errs...)
 }
 
-func (s *Sweeper) sweepActivity(ctx context.Context, id int64, now time.Time, st *Stats) error {
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	due, err := s.store.Overdue(cctx, id, now, s.cfg.Batch)
-	cancel()
-	if err != nil {
-		return err
+// sweepChunk resolves up to Batch overdue orders of one activity; n is how
+// many were overdue.
+func (s *Sweeper) sweepChunk(ctx context.Context, id int64, now time.Time, st *Stats) (n int, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	due, err := s.store.Overdue(ctx, id, now, s.cfg.Batch)
+	if err != nil || len(due) == 0 {
+		return 0, err
 	}
-	for _, oid := range due {
-		if err := s.resolve(ctx, id, oid, now, st); err != nil {
-			return fmt.Errorf("sweep order %s: %w", oid, err)
+	recs, err := s.store.Records(ctx, id, due)
+	if err != nil {
+		return 0, err
+	}
+	var open []reservation.Record
+	var gone []string // no record, or settled already
+	for i, oid := range due {
+		r, ok := recs[i], recs[i].OrderID != ""
+		if !ok || r.State == reservation.Confirmed || r.State == reservation.Failed {
+			gone = append(gone, oid)
+			continue
 		}
+		open = append(open, r)
+	}
+	if err := s.store.Forget(ctx, id, gone...); err != nil {
+		return 0, err
+	}
+	if len(open) == 0 {
+		return len(due), nil
+	}
+	rows, err := s.lookup(ctx, open)
+	if err != nil {
+		return 0, err
+	}
+	var later, expire []reservation.Record
+	var settle []reservation.Settlement
+	for _, r := range open {
+		if row, ok := rows[r.OrderID]; ok {
+			settle = append(settle, row)
+			st.Settled++
+			continue
+		}
+		if r.Queued || now.Before(r.Deadline.Add(s.cfg.Grace)) {
+			later = append(later, r)
+			continue
+		}
+		expire = append(expire, r)
+	}
+	if len(expire) > 0 {
+		if err := s.expire(ctx, id, expire); err != nil {
+			return 0, err
+		}
+		again, err := s.lookup(ctx, expire)
+		if err != nil {
+			return 0, err
+		}
+		for _, r := range expire {
+			row, ok := again[r.OrderID]
+			if !ok {
+				return 0, fmt.Errorf("expire order %s: row missing after insert", r.OrderID)
+			}
+			if row.Confirmed {
+				st.Settled++ // a worker committed first
+			} else {
+				st.Expired++
+			}
+			settle = append(settle, row)
+		}
+	}
+	if _, err := s.store.Settle(ctx, id, settle); err != nil {
+		return 0, err
+	}
+	if len(later) > 0 {
+		// Look again after a while, not on every sweep.
+		next := now.Add(min(s.cfg.Grace/4+s.cfg.Interval, 10*time.Second))
+		ids := make([]string, len(later))
+		for i, r := range later {
+			ids[i] = r.OrderID
+		}
+		if err := s.store.Postpone(ctx, id, next, ids...); err != nil {
+			return 0, err
+		}
+		for _, r := range later {
+			if r.Queued {
+				st.Waiting++
+			}
+		}
+	}
+	return len(due), nil
+}
+
+// expire inserts orders as failed ("expired") unless MySQL has them.
+func (s *Sweeper) expire(ctx context.Context, id int64, recs []reservation.Record) error {
+	args := make([]any, 0, 4*len(recs))
+	for _, r := range recs {
+		args = append(args, r.OrderID, id, r.UserID, r.Quantity)
+	}
+	q := "INSERT IGNORE INTO orders (order_id, activity_id, user_id, quantity, status, reason) VALUES " +
+		strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, 'failed', 'expired'), ", len(recs)), ", ")
+	if _, err := s.db.ExecContext(ctx, q, args...); err != nil {
+		return fmt.Errorf("expire %d orders: %w", len(recs), err)
 	}
 	return nil
 }
 
-func (s *Sweeper) resolve(ctx context.Context, id int64, oid string, now time.Time, st *Stats) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	rec, found, err := s.store.Order(ctx, id, oid)
+// lookup returns MySQL's rows of the orders, as settlements.
+func (s *Sweeper) lookup(ctx context.Context, recs []reservation.Record) (map[string]reservation.Settlement, error) {
+	args := make([]any, len(recs))
+	for i, r := range recs {
+		args[i] = r.OrderID
+	}
+	rows, err := s.db.QueryContext(ctx, "SELECT order_id, status, COALESCE(reason, ''), user_id, quantity FROM orders WHERE order_id IN ("+
+		strings.TrimSuffix(strings.Repeat("?, ", len(recs)), ", ")+")", args...)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("look up %d orders: %w", len(recs), err)
 	}
-	if !found {
-		// A deadline without a record: nothing to resolve.
-		return s.store.Forget(ctx, id, oid)
-	}
-	if rec.State == reservation.Confirmed || rec.State == reservation.Failed {
-		return s.store.Forget(ctx, id, oid)
-	}
-	row, ok, err := s.lookup(ctx, oid)
-	if err != nil {
-		return err
-	}
-	if !ok && now.Before(rec.Deadline.Add(s.cfg.RepublishAfter)) {
-		key, err := s.store.IdempotencyKey(ctx, id, oid)
-		if err != nil {
-			return err
+	defer rows.Close()
+	out := make(map[string]reservation.Settlement, len(recs))
+	for rows.Next() {
+		var o reservation.Settlement
+		var status string
+		if err := rows.Scan(&o.OrderID, &status, &o.Reason, &o.UserID, &o.Quantity); err != nil {
+			return nil, fmt.Errorf("look up orders: %w", err)
 		}
-		msg := ordermsg.Order{
-			V: ordermsg.Version, OrderID: oid, ActivityID: id, UserID: rec.UserID, Quantity: rec.Quantity,
-			IdempotencyKey: key, Deadline: rec.Deadline.UnixMilli(),
-		}
-		if err := s.pub.Publish(ctx, msg); err != nil {
-			return fmt.Errorf("republish: %w", err)
-		}
-		st.Republished++
-		// Look again after a while, not on every sweep.
-		next := now.Add(min(s.cfg.RepublishAfter/4+s.cfg.Interval, 10*time.Second))
-		return s.store.Postpone(ctx, id, oid, next)
+		o.Confirmed = status == "confirmed"
+		out[o.OrderID] = o
 	}
-	if !ok {
-		st.Expired++
-		return s.resolveExpired(ctx, id, oid, st)
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up orders: %w", err)
 	}
-	st.Settled++
-	return s.settle(ctx, id, oid, row)
-}
-
-// resolveExpired records an order whose message never reached MySQL as failed.
-// INSERT IGNORE makes MySQL the arbiter: a worker that committed first keeps
-// its row, and Redis follows whichever row MySQL holds.
-func (s *Sweeper) resolveExpired(ctx context.Context, id int64, oid string, _ *Stats) error {
-	rec, found, err := s.store.Order(ctx, id, oid)
-	if err != nil || !found {
-		return err
-	}
-	if _, err := s.db.ExecContext(ctx, `INSERT IGNORE INTO orders
-		(order_id, activity_id, user_id, quantity, status, reason) VALUES (?, ?, ?, ?, 'failed', 'expired')`,
-		oid, id, rec.UserID, rec.Quantity); err != nil {
-		return fmt.Errorf("expire: %w", err)
-	}
-	row, ok, err := s.lookup(ctx, oid)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("expire: order row missing after insert")
-	}
-	return s.settle(ctx, id, oid, row)
-}
-
-func (s *Sweeper) settle(ctx context.Context, id int64, oid string, row orderRow) error {
-	_, err := s.store.Settle(ctx, id, []reservation.Settlement{{
-		OrderID: oid, Confirmed: row.status == "confirmed", Reason: row.reason,
-		Quantity: row.quantity, UserID: row.userID,
-	}})
-	return err
-}
-
-type orderRow struct {
-	status, reason, userID string
-	quantity               int64
-}
-
-func (s *Sweeper) lookup(ctx context.Context, oid string) (orderRow, bool, error) {
-	var r orderRow
-	var reason sql.NullString
-	err := s.db.QueryRowContext(ctx, `SELECT status, reason, user_id, quantity FROM orders WHERE order_id = ?`, oid).
-		Scan(&r.status, &reason, &r.userID, &r.quantity)
-	if errors.Is(err, sql.ErrNoRows) {
-		return r, false, nil
-	}
-	if err != nil {
-		return r, false, fmt.Errorf("look up order: %w", err)
-	}
-	r.reason = reason.String
-	return r, true, nil
+	return out, nil
 }
