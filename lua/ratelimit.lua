@@ -7,6 +7,8 @@
 -- instance, window index in the call, slot index 1..granted), score = the
 -- latest time the slot may be spent, in microseconds of Redis TIME:
 --   slot 1          the caller's own request, decided now:          now
+--                   (now + short when the caller needs other calls too:
+--                   it is admitted once they answer)
 --   slots 2..need   requests waiting on this call (shared refill):  now + short
 --   further slots   a speculative lease:                            now + lease
 -- A member counts while score > now - window. Scoring a slot at the end of
@@ -21,7 +23,9 @@
 -- ARGV[1]         instance id (prefix of members)
 -- ARGV[2]         call sequence number of that instance
 -- ARGV[3]         live proxy instances (>= 1): caps a speculative lease
--- per window i, 7 values from ARGV[4 + 7(i-1)]:
+-- ARGV[4]         1: slot 1 is scored at now + short (the request waits for
+--                 other calls before it is admitted); 0: at now
+-- per window i, 7 values from ARGV[5 + 7(i-1)]:
 --   limit         integer >= 1
 --   window_ms     integer >= 1
 --   need          integer >= 0: requests to admit now (0: give back only)
@@ -32,7 +36,7 @@
 --                 instance to remove first
 --
 -- Returns {allowed, now_us, admitted, then per window: granted, full,
---          remaining, reset_ms}
+--          remaining, reset_ms, back_ms}
 --   allowed    1: every window with need >= 1 had a free slot; each such
 --              window granted a = min over them of min(need, free) slots
 --              (the requests admitted now) plus a lease, written
@@ -47,14 +51,23 @@
 --   reset_ms   ms until the next slot of window i frees, rounded up; 0 for
 --              an empty log. With remaining = 0 this is the earliest moment
 --              a retry can be admitted.
+--   back_ms    with remaining = 0: ms (rounded down) until the earliest
+--              member of another instance scored after now (among the
+--              first 64 such members), a leased slot that instance may give
+--              back once its time is up (so a "full" answer is not trusted
+--              past it); -1 when there is none or remaining > 0
 -- Errors (before any write): malformed ARGV.
 local n = #KEYS
-if n < 1 or #ARGV ~= 3 + 7 * n then
-  return redis.error_reply('ERR ratelimit: want 3+7*' .. n .. ' ARGV, got ' .. #ARGV)
+if n < 1 or #ARGV ~= 4 + 7 * n then
+  return redis.error_reply('ERR ratelimit: want 4+7*' .. n .. ' ARGV, got ' .. #ARGV)
 end
 local live = tonumber(ARGV[3])
 if not live or live < 1 or live ~= math.floor(live) then
   return redis.error_reply('ERR ratelimit: bad live ' .. tostring(ARGV[3]))
+end
+local first = ARGV[4]
+if first ~= '0' and first ~= '1' then
+  return redis.error_reply('ERR ratelimit: bad first ' .. tostring(first))
 end
 local function int(v, lo)
   local x = tonumber(v)
@@ -64,7 +77,7 @@ end
 local w = {}
 local any = false
 for i = 1, n do
-  local b = 3 + 7 * (i - 1)
+  local b = 4 + 7 * (i - 1)
   local x = {limit = int(ARGV[b + 1], 1), win = int(ARGV[b + 2], 1), need = int(ARGV[b + 3], 0),
     extra = int(ARGV[b + 4], 0), short = int(ARGV[b + 5], 0), lease = int(ARGV[b + 6], 0), back = {}}
   if not (x.limit and x.win and x.need and x.extra and x.short and x.lease) then
@@ -146,7 +159,8 @@ for i = 1, n do
       local last = math.min(g, j + 499)
       for s = j, last do
         local score = now + x.lease
-        if s == 1 then score = now elseif s <= gn then score = now + x.short end
+        if s <= gn then score = now + x.short end
+        if s == 1 and first == '0' then score = now end
         args[#args + 1] = score
         args[#args + 1] = p .. s
       end
@@ -163,5 +177,18 @@ for i = 1, n do
   out[#out + 1] = full
   out[#out + 1] = math.max(0, x.limit - count)
   out[#out + 1] = reset(key, x, count)
+  local back = -1
+  if x.limit - count <= 0 then
+    -- Another instance's member: the caller knows its own leases (and
+    -- forgets its negative answer when it gives them back). A bounded look.
+    local o = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 64)
+    for k = 1, #o, 2 do
+      if string.sub(o[k], 1, #prefix) ~= prefix then
+        back = math.floor((tonumber(o[k + 1]) - now) / 1000)
+        break
+      end
+    end
+  end
+  out[#out + 1] = back
 end
 return out

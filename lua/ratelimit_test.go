@@ -9,7 +9,8 @@ import (
 )
 
 // The script: grants min(need, free) plus a lease capped by free/(2*live),
-// scores slot 1 now, waiters' slots at now+short and the lease at
+// scores slot 1 now (now+short with first=1), names the earliest future
+// member of a full window, waiters' slots at now+short and the lease at
 // now+lease; answers "full" only for the window without room and writes
 // nothing then; gives back named members before counting; never shortens the
 // TTL; and rejects malformed ARGV before any write.
@@ -25,7 +26,7 @@ func TestRateLimitScript(t *testing.T) {
 	run := func(seq int, ws ...win) []int64 {
 		t.Helper()
 		keys := []string{ip, g}[:len(ws)]
-		args := []any{"i1", seq, 1}
+		args := []any{"i1", seq, 1, 0}
 		for _, w := range ws {
 			args = append(args, w.limit, 2000, w.need, w.extra, 100, 500, w.back)
 		}
@@ -63,9 +64,20 @@ func TestRateLimitScript(t *testing.T) {
 	if v[0] != 1 || v[3] != 3 || v[5] != 0 || v[6] < 1900 {
 		t.Fatalf("filling call %v: want 3 granted, 0 left, reset ~2000ms", v)
 	}
+	// Full, and every future member is the caller's own: back_ms -1. As
+	// seen by another instance, the earliest future member (the first
+	// call's waiter slots, now+100ms) may come back after it.
+	if v[7] != -1 {
+		t.Fatalf("filling call %v: back_ms %d, want -1 (own leases only)", v, v[7])
+	}
+	o, err := RateLimit.Run(ctx, rdb, []string{ip}, "i2", 1, 1, 0, 10, 2000, 1, 0, 100, 500, "").Int64Slice()
+	servicetest.Must(t, err, "other instance")
+	if o[0] != 0 || o[7] < 0 || o[7] > 100 {
+		t.Fatalf("other instance on the full window: %v, want refused with back_ms 0..100", o)
+	}
 	// ip full, g empty: refused, full named for ip only, nothing written to g.
 	v = run(4, win{10, 1, 0, ""}, win{5, 1, 0, ""})
-	if v[0] != 0 || v[3] != 0 || v[4] != 1 || v[7] != 0 || v[8] != 0 || v[9] != 5 {
+	if v[0] != 0 || v[3] != 0 || v[4] != 1 || v[8] != 0 || v[9] != 0 || v[10] != 5 || v[12] != -1 {
 		t.Fatalf("one full window: %v", v)
 	}
 	if n := rdb.ZCard(ctx, g).Val(); n != 0 {
@@ -80,10 +92,11 @@ func TestRateLimitScript(t *testing.T) {
 		t.Fatalf("give back only: %v", v)
 	}
 	for _, bad := range [][]any{
-		{"i1", 1, 1, 0, 2000, 1, 0, 0, 0, ""},        // limit 0
-		{"i1", 1, 0, 5, 2000, 1, 0, 0, 0, ""},        // live 0
-		{"i1", 1, 1, 5, 2000, 1, 0, 0, 0, "1:1:5:2"}, // reversed range
-		{"i1", 1, 1, 5}, // short ARGV
+		{"i1", 1, 1, 0, 0, 2000, 1, 0, 0, 0, ""},        // limit 0
+		{"i1", 1, 0, 0, 5, 2000, 1, 0, 0, 0, ""},        // live 0
+		{"i1", 1, 1, 2, 5, 2000, 1, 0, 0, 0, ""},        // first not 0 or 1
+		{"i1", 1, 1, 0, 5, 2000, 1, 0, 0, 0, "1:1:5:2"}, // reversed range
+		{"i1", 1, 1, 0, 5},                              // short ARGV
 	} {
 		if err := RateLimit.Run(ctx, rdb, []string{prefix + "{rl:bad}:x"}, bad...).Err(); err == nil {
 			t.Fatalf("malformed ARGV %v accepted", bad)
@@ -95,10 +108,14 @@ func TestRateLimitScript(t *testing.T) {
 	// Two windows, one with 2 free: both grant the 2 requests every window
 	// can take, not more (no unspent slots in the roomier one).
 	a, b := prefix+"{rl:a:2}:r", prefix+"{rl:a:2}:s"
-	v, err := RateLimit.Run(ctx, rdb, []string{a, b}, "i1", 6, 1, 2, 2000, 5, 0, 100, 500, "", 10, 2000, 5, 0, 100, 500, "").Int64Slice()
+	v, err = RateLimit.Run(ctx, rdb, []string{a, b}, "i1", 6, 1, 1, 2, 2000, 5, 0, 100, 500, "", 10, 2000, 5, 0, 100, 500, "").Int64Slice()
 	servicetest.Must(t, err, "two windows")
-	if v[0] != 1 || v[2] != 2 || v[3] != 2 || v[7] != 2 || v[9] != 8 {
+	if v[0] != 1 || v[2] != 2 || v[3] != 2 || v[8] != 2 || v[10] != 8 {
 		t.Fatalf("two windows, need 5, free 2 and 10: %v, want 2 admitted in each", v)
+	}
+	// first = 1: slot 1 is scored like the waiters' slots (now + short).
+	if sc := rdb.ZScore(ctx, b, "i1:6:2:1").Val(); int64(sc) != v[1]+100_000 {
+		t.Fatalf("first=1: slot 1 scored %d, want now+short %d", int64(sc), v[1]+100_000)
 	}
 	// Heartbeat: a second instance makes live 2.
 	inst := prefix + "{rl}:instances"

@@ -39,7 +39,7 @@ type Option func(*limiter.Config)
 
 // WithTrace reports every admitted request's windows with their Redis-time
 // decision stamps (see limiter.Config.Trace); for tests.
-func WithTrace(fn func(policy string, redisMicros int64)) Option {
+func WithTrace(fn func(policy, client string, redisMicros int64)) Option {
 	return func(c *limiter.Config) { c.Trace = fn }
 }
 

@@ -259,30 +259,35 @@ func redisDB(t *testing.T, cfg conf.Config) string {
 	return strings.TrimPrefix(u.Path, "/")
 }
 
-// stamps collects the Redis-time decision stamps of one policy from several
-// instances.
+// stamps collects the Redis-time admission stamps of one rule's windows
+// from several instances: the global window's, and each client's.
 type stamps struct {
 	mu     sync.Mutex
-	policy string
+	global string // policy of the global window
+	perIP  string // policy of the per-client window
 	us     []int64
+	client map[string][]int64 // client key -> stamps
 }
 
-func (s *stamps) trace(policy string, us int64) {
-	if policy != s.policy {
-		return
-	}
+func (s *stamps) trace(policy, client string, us int64) {
 	s.mu.Lock()
-	s.us = append(s.us, us)
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	switch policy {
+	case s.global:
+		s.us = append(s.us, us)
+	case s.perIP:
+		if s.client == nil {
+			s.client = map[string][]int64{}
+		}
+		s.client[client] = append(s.client[client], us)
+	}
 }
 
 // worst is the largest number of stamps in any half-open interval of
 // length w: [s_i, s_i + w) for every stamp s_i (a slot counts while its
 // score > now - w, so two decisions exactly w apart are in different windows).
-func (s *stamps) worst(w time.Duration) (n int, at int64) {
-	s.mu.Lock()
-	us := slices.Clone(s.us)
-	s.mu.Unlock()
+func worst(stamps []int64, w time.Duration) (n int, at int64) {
+	us := slices.Clone(stamps)
 	slices.Sort(us)
 	j := 0
 	for i := range us {
@@ -298,22 +303,27 @@ func (s *stamps) worst(w time.Duration) (n int, at int64) {
 
 // Global exactness on 2 and 3 instances sharing Redis, for a steady flood
 // and for bursty cycles (flood, idle longer than the window, one request per
-// instance, a pause, a flood): the worst sliding interval of the window's
-// length, computed from every instance's decision stamps, admits at most L.
+// instance, a pause, a flood), with a per-IP window on the same rule (so
+// requests need two calls, under two hash tags): the worst sliding interval
+// of the window's length, computed from every instance's admission stamps,
+// admits at most L globally and at most the per-IP limit per client. The
+// upstream's ledger (per client) matches the traced admissions, and the run
+// admits at least all but one window's worth of what the floods offered.
 func TestGlobalExactInstances(t *testing.T) {
 	t.Parallel()
-	const L, W = 300, time.Second
+	const L, P, W = 300, 5, time.Second
 	for _, n := range []int{2, 3} {
 		for _, shape := range []string{"steady", "bursty"} {
 			t.Run(fmt.Sprintf("%d instances/%s", n, shape), func(t *testing.T) {
 				t.Parallel()
 				up := startUpstream(t)
-				cfg := trustedConfig(t, up.addr, rule("sale", 0, L, W))
-				st := &stamps{policy: "sale-global"}
+				cfg := trustedConfig(t, up.addr, rule("sale", P, L, W))
+				st := &stamps{global: "sale-global", perIP: "sale-ip"}
 				var pxs []*proxyUnderTest
 				for i := 0; i < n; i++ {
 					pxs = append(pxs, startProxy(t, cfg, WithTrace(st.trace)))
 				}
+				var clients sync.Map
 				flood := func(d time.Duration) {
 					var wg sync.WaitGroup
 					end := time.Now().Add(d)
@@ -322,7 +332,9 @@ func TestGlobalExactInstances(t *testing.T) {
 						wg.Go(func() {
 							c := client(px.addr)
 							for i := 0; time.Now().Before(end); i++ {
-								get(t, c, "GET", "/item", "X-Forwarded-For", fmt.Sprintf("198.51.%d.%d", g, i%250))
+								ip := fmt.Sprintf("198.51.%d.%d", g, i%60)
+								clients.Store(ip, true)
+								get(t, c, "GET", "/item", "X-Forwarded-For", ip, "X-Test-Client", ip)
 							}
 						})
 					}
@@ -330,11 +342,15 @@ func TestGlobalExactInstances(t *testing.T) {
 				}
 				one := func() {
 					for _, px := range pxs {
-						get(t, client(px.addr), "GET", "/item", "X-Forwarded-For", freshIP())
+						ip := freshIP()
+						clients.Store(ip, true)
+						get(t, client(px.addr), "GET", "/item", "X-Forwarded-For", ip, "X-Test-Client", ip)
 					}
 				}
+				floods := 0
 				if shape == "steady" {
-					flood(3 * time.Second)
+					flood(3 * W)
+					floods = 3
 				} else {
 					for cycle := 0; cycle < 2; cycle++ {
 						flood(W)
@@ -342,22 +358,43 @@ func TestGlobalExactInstances(t *testing.T) {
 						one()
 						time.Sleep(450 * time.Millisecond)
 						flood(W)
+						floods += 2
 					}
 				}
-				worst, at := st.worst(W)
-				admitted := up.hits.Load()
-				t.Logf("%d instances, %s: admitted %d, worst %v interval %d (at %d), limit %d", n, shape, admitted, W, worst, at, L)
 				for _, px := range pxs {
 					noDegraded(t, px)
 				}
-				if worst > L {
-					t.Fatalf("an interval of %v admitted %d > limit %d", W, worst, L)
+				st.mu.Lock()
+				defer st.mu.Unlock()
+				gw, at := worst(st.us, W)
+				admitted := up.hits.Load()
+				t.Logf("%d instances, %s: admitted %d, worst %v interval %d (at %d), limit %d", n, shape, admitted, W, gw, at, L)
+				if gw > L {
+					t.Fatalf("an interval of %v admitted %d > global limit %d", W, gw, L)
 				}
 				if int(admitted) != len(st.us) {
-					t.Fatalf("upstream saw %d, %d decisions traced", admitted, len(st.us))
+					t.Fatalf("upstream saw %d, %d admissions traced", admitted, len(st.us))
 				}
-				if admitted < L {
-					t.Fatalf("admitted only %d over several windows of limit %d", admitted, L)
+				perClient := 0
+				clients.Range(func(k, _ any) bool {
+					ip := k.(string)
+					got := st.client["a:"+ip]
+					if c := up.count(ip); c != int64(len(got)) {
+						t.Fatalf("client %s: upstream ledger %d, %d admissions traced", ip, c, len(got))
+					}
+					if cw, _ := worst(got, W); cw > P {
+						t.Fatalf("client %s: an interval of %v admitted %d > per-IP limit %d", ip, W, cw, P)
+					}
+					perClient += len(got)
+					return true
+				})
+				if perClient != int(admitted) {
+					t.Fatalf("per-client admissions %d, upstream saw %d", perClient, admitted)
+				}
+				// Each flood offers far more than L per window: all but one
+				// window's worth is admitted (leases under-admit briefly).
+				if want := (floods - 1) * L; int(admitted) < want {
+					t.Fatalf("admitted only %d over %d flooded windows of limit %d, want at least %d", admitted, floods, L, want)
 				}
 			})
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +26,16 @@ type upstream struct {
 	hits  atomic.Int64
 	delay atomic.Int64 // ns
 	last  atomic.Pointer[string]
+	// ledger counts the requests that reached the upstream per value of
+	// their X-Test-Client header (the client's own ledger, upstream side).
+	ledger sync.Map // string -> *atomic.Int64
+}
+
+func (u *upstream) count(client string) int64 {
+	if v, ok := u.ledger.Load(client); ok {
+		return v.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 // startUpstream serves on a random port; /big streams 8 MiB; purchase of
@@ -38,6 +49,10 @@ func startUpstream(t *testing.T) *upstream {
 	u.addr = ln.Addr().String()
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		u.hits.Add(1)
+		if c := ctx.Request.Header.Peek("X-Test-Client"); len(c) > 0 {
+			v, _ := u.ledger.LoadOrStore(string(c), new(atomic.Int64))
+			v.(*atomic.Int64).Add(1)
+		}
 		if d := u.delay.Load(); d > 0 {
 			time.Sleep(time.Duration(d))
 		}

@@ -115,10 +115,12 @@ type Config struct {
 	Instance  string        // unique id of this proxy instance
 	Metrics   *Metrics
 	Log       *slog.Logger
-	// Trace, if set, is called for every window of every admitted request
-	// with the decision's Redis time in µs (for a leased slot: an upper
-	// bound of the moment it was spent). Tests check exactness with it.
-	Trace func(policy string, redisMicros int64)
+	// Trace, if set, is called for every window of every request admitted
+	// by Redis (not by on_redis_error) with the window's client key ("" for
+	// a global window) and the admission moment in Redis µs: the time of the
+	// deciding call, or an upper bound of the moment the request was
+	// admitted, never past the slot's score. Tests check exactness with it.
+	Trace func(policy, client string, redisMicros int64)
 }
 
 // Limiter decides requests against compiled rules. Safe for concurrent use.
@@ -133,13 +135,22 @@ type Limiter struct {
 	br        breaker
 	m         *Metrics
 	log       *slog.Logger
-	trace     func(string, int64)
+	trace     func(string, string, int64)
 
 	outstanding atomic.Int64 // leased slots held locally, not yet spent or given back
 	batch       batcher
 
-	mu    sync.Mutex
-	rules *Rules // for the sweeper
+	mu      sync.Mutex
+	rules   *Rules    // for the sweeper
+	retired []retired // replaced rule sets whose in-flight requests may still lease
+}
+
+// retired is a replaced rule set: requests decided against it while the
+// reload happened may still lease slots into its states, so the sweeper
+// gives them back for a while.
+type retired struct {
+	rs *Rules
+	at time.Time
 }
 
 // New builds a Limiter.
@@ -154,6 +165,7 @@ func New(c Config) *Limiter {
 		instances: c.KeyPrefix + "{rl}:instances"}
 	l.live.Store(1)
 	l.br.init()
+	l.batch.queue = make(chan *job, maxQueued)
 	return l
 }
 
@@ -172,6 +184,9 @@ func (l *Limiter) SetRules(rs *Rules) {
 	l.mu.Lock()
 	old := l.rules
 	l.rules = rs
+	if old != nil && old != rs {
+		l.retired = append(l.retired, retired{rs: old, at: time.Now()})
+	}
 	l.mu.Unlock()
 	if old != nil && old != rs {
 		l.giveBack(old, math.MaxInt64)
@@ -215,7 +230,20 @@ func (l *Limiter) heartbeat() {
 func (l *Limiter) Sweep(now time.Time) {
 	l.mu.Lock()
 	rs := l.rules
+	// A retired rule set is kept while a request decided against it may
+	// still be in flight (bounded by twice the timeout) and a little more.
+	keep := max(liveness, 4*l.timeout)
+	old := l.retired[:0:0]
+	for _, r := range l.retired {
+		if now.Sub(r.at) < keep {
+			old = append(old, r)
+		}
+	}
+	l.retired = old
 	l.mu.Unlock()
+	for _, r := range old {
+		l.giveBack(r.rs, math.MaxInt64)
+	}
 	if rs == nil {
 		return
 	}
@@ -264,7 +292,7 @@ func (l *Limiter) giveBack(rs *Rules, m int64) {
 		n := min(len(calls), 256)
 		batch := calls[:n]
 		calls = calls[n:]
-		l.run(batch)
+		l.run(batch, mono(time.Now())+int64(l.timeout))
 		for i := range batch {
 			c := &batch[i]
 			if c.err != nil { // keep them for the next call or sweep (ZREM is idempotent)
@@ -335,15 +363,16 @@ type Decision struct {
 	Shadow     []string // shadow policies that would have refused
 	Degraded   bool
 
-	entries []entry
-	matched []*Rule
-	keys    []byte // client keys of the entries
+	entries  []entry // enforced windows
+	sentries []entry // shadow windows
+	matched  []*Rule
+	keys     []byte // client keys of the entries
 }
 
 // Reset clears d for reuse.
 func (d *Decision) Reset() {
 	*d = Decision{Violated: d.Violated[:0], Rules: d.Rules[:0], Policies: d.Policies[:0],
-		Shadow: d.Shadow[:0], entries: d.entries[:0], matched: d.matched[:0], keys: d.keys[:0]}
+		Shadow: d.Shadow[:0], entries: d.entries[:0], sentries: d.sentries[:0], matched: d.matched[:0], keys: d.keys[:0]}
 }
 
 // entry is one window of the request being decided.
@@ -355,10 +384,14 @@ type entry struct {
 
 	own      *refill // the refill this request owns for the window
 	waited   *refill // the last refill it waited for (and was counted in)
-	took     bool    // holds a slot (local, or granted by this request's call)
-	sl       slot    // the local slot, when took from a lease
-	granted  bool    // the slot came from this request's call (slot 1 of that call)
-	violated bool    // this window is full and refused the request
+	took     bool    // holds slot sl (local, or slot 1 of this request's call)
+	sl       slot    // valid while mono time < sl.until (unless decisive)
+	decisive bool    // sl is slot 1 scored at its call's time: valid as that call's decision only
+	lost     bool    // lostSp: slot 1 of a call whose reply was lost (see settle)
+	lostSp   span
+	violated bool          // this window is full and refused the request
+	retry    time.Duration // with violated from a call: until its next slot frees
+	stamp    int64         // the admission moment, Redis µs (Trace)
 
 	// figures for the RateLimit headers, as of the last look at st
 	rem     int
@@ -376,50 +409,72 @@ func slotsOf(st *state) int {
 	return n
 }
 
-// Check decides a request, filling d. It never blocks longer than about
-// twice the Redis timeout.
+// Check decides a request, filling d. It blocks at most about twice the
+// Redis timeout: the wait for its call to be sent is bounded by the timeout,
+// and so is the call.
 func (l *Limiter) Check(rs *Rules, req Request, d *Decision) {
 	d.matched = rs.Match(d.matched[:0], req.Method, req.Path)
 	if len(d.matched) == 0 {
 		return
 	}
-	// Enforced rules first; shadow rules only see requests the others admit.
-	if l.pass(rs, req, d, false) {
-		l.pass(rs, req, d, true)
+	now := time.Now()
+	// Shadow rules are decided first and enforced ones last, so that the
+	// enforced decision is the moment the request is admitted (its slots are
+	// checked then, and nothing waits after it). Shadow rules still count
+	// only requests the enforced ones admit: their slots go back otherwise.
+	shadowRan, shadowOK, shadowExact := false, false, false
+	if l.collect(req, d, &d.sentries, true, now) {
+		shadowRan = true
+		shadowOK, shadowExact = l.pass(rs, d, d.sentries, true)
+	}
+	ok, exact := true, false
+	if l.collect(req, d, &d.entries, false, now) {
+		ok, exact = l.pass(rs, d, d.entries, false)
+	}
+	if shadowRan {
+		if ok {
+			l.recordShadow(d, shadowOK)
+		} else if shadowOK {
+			l.settle(d.sentries, false)
+		}
+	}
+	if ok && l.trace != nil {
+		if exact {
+			l.traceAdmit(d.entries)
+		}
+		if shadowOK && shadowExact {
+			l.traceAdmit(d.sentries)
+		}
 	}
 }
 
-// pass decides the enforced (or the shadow) rules of d.matched; it reports
-// whether the request is still admitted.
-func (l *Limiter) pass(rs *Rules, req Request, d *Decision, shadow bool) bool {
-	now := time.Now()
-	if !l.collect(req, d, shadow, now) {
-		return true
-	}
+// pass decides the enforced (or the shadow) entries es; it reports whether
+// they admit the request and whether Redis decided (not on_redis_error).
+func (l *Limiter) pass(rs *Rules, d *Decision, es []entry, shadow bool) (admitted, exact bool) {
 	l.m.decided.Add(1)
-	allowed, retry, err := l.evaluate(rs, d.entries)
-	now = time.Now()
+	allowed, retry, err := l.evaluate(rs, es)
+	now := time.Now()
 	if err != nil {
-		allowed, retry = l.fallback(d, now, shadow)
+		allowed, retry = l.fallback(d, es, now, shadow)
+		l.settle(es, allowed)
 	} else if !shadow {
-		l.policies(d, now)
+		l.policies(d, es, now)
 	}
 	if shadow {
-		l.recordShadow(d, allowed)
-		return true
+		return allowed, err == nil
 	}
 	if !allowed {
-		l.recordLimited(d, retry)
-		return false
+		l.recordLimited(d, es, retry)
+		return false, err == nil
 	}
-	l.recordAdmitted(d)
-	return true
+	l.recordAdmitted(d, es)
+	return true, err == nil
 }
 
-// collect fills d.entries with the windows of the matched rules of this
-// pass; false when there are none.
-func (l *Limiter) collect(req Request, d *Decision, shadow bool, now time.Time) bool {
-	d.entries = d.entries[:0]
+// collect fills *dst with the windows of the matched rules of this pass;
+// false when there are none.
+func (l *Limiter) collect(req Request, d *Decision, dst *[]entry, shadow bool, now time.Time) bool {
+	es := (*dst)[:0]
 	for _, r := range d.matched {
 		if r.Shadow != shadow {
 			continue
@@ -432,16 +487,17 @@ func (l *Limiter) collect(req Request, d *Decision, shadow bool, now time.Time) 
 				e.key = d.keys[start:len(d.keys):len(d.keys)]
 				e.st = r.clients.get(e.key, now)
 			}
-			d.entries = append(d.entries, e)
+			es = append(es, e)
 		}
 	}
-	return len(d.entries) > 0
+	*dst = es
+	return len(es) > 0
 }
 
 // policies fills d.Policies from the enforced entries.
-func (l *Limiter) policies(d *Decision, now time.Time) {
-	for i := range d.entries {
-		e := &d.entries[i]
+func (l *Limiter) policies(d *Decision, es []entry, now time.Time) {
+	for i := range es {
+		e := &es[i]
 		p := Policy{Name: e.w.Policy, Quota: e.w.Limit, Window: e.w.Length,
 			Remaining: max(0, e.rem), Reset: max(0, e.resetAt.Sub(now)), Item: e.w.item, Prefix: e.w.prefix}
 		if p.Reset == 0 {
@@ -453,8 +509,8 @@ func (l *Limiter) policies(d *Decision, now time.Time) {
 
 func (l *Limiter) recordShadow(d *Decision, allowed bool) {
 	if !allowed {
-		for i := range d.entries {
-			e := &d.entries[i]
+		for i := range d.sentries {
+			e := &d.sentries[i]
 			if e.violated && !contains(d.Shadow, e.w.Policy) {
 				d.Shadow = append(d.Shadow, e.w.Policy)
 				e.r.shadowed.inc()
@@ -469,13 +525,13 @@ func (l *Limiter) recordShadow(d *Decision, allowed bool) {
 	}
 }
 
-func (l *Limiter) recordLimited(d *Decision, retry time.Duration) {
+func (l *Limiter) recordLimited(d *Decision, es []entry, retry time.Duration) {
 	if d.Outcome == Admit {
 		d.Outcome = Limited
 	}
 	d.RetryAfter = retry
-	for i := range d.entries {
-		e := &d.entries[i]
+	for i := range es {
+		e := &es[i]
 		if !e.violated {
 			continue
 		}
@@ -496,14 +552,14 @@ func (l *Limiter) recordLimited(d *Decision, retry time.Duration) {
 	}
 }
 
-func (l *Limiter) recordAdmitted(d *Decision) {
+func (l *Limiter) recordAdmitted(d *Decision, es []entry) {
 	for _, r := range d.matched {
 		if !r.Shadow {
 			r.admitted.inc()
 		}
 	}
-	for i := range d.entries {
-		d.entries[i].w.admitted.inc()
+	for i := range es {
+		es[i].w.admitted.inc()
 	}
 }
 
@@ -516,41 +572,59 @@ func contains(list []string, s string) bool {
 	return false
 }
 
+// errTimeout: the request's deadline passed before Redis could decide it
+// (its call waited too long to be sent, or its slots ran out while it
+// waited); it is decided as on_redis_error says.
+var errTimeout = errors.New("limiter: redis timeout passed before a decision")
+
 // evaluate decides the entries: local slots first, then the negative cache,
 // then a refill shared with concurrent requests. A refusal names only full
-// windows. On a Redis error nothing is decided (slots are given back).
+// windows. The request is admitted only once every window holds a slot that
+// is still valid at that moment (recheck). On an error nothing is decided:
+// the slots stay held for settle.
 func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 	for i := range es {
-		es[i].took, es[i].granted, es[i].violated, es[i].own, es[i].waited = false, false, false, nil, nil
+		e := &es[i]
+		e.own, e.waited, e.took, e.decisive, e.lost, e.violated = nil, nil, false, false, false, false
 	}
 	deadline := mono(time.Now()) + int64(l.timeout)
+	called := false
+	var long time.Duration // after a round too slow for its slots: their time at least this
 	for {
 		m := mono(time.Now())
 		missing, retry := l.takeLocal(es, m)
 		if missing == 0 {
-			l.m.leaseHit.Inc()
-			l.traceAdmit(es)
-			return true, 0, nil
+			if l.recheck(es) {
+				if !called {
+					l.m.leaseHit.Inc()
+				}
+				return true, 0, nil
+			}
+			continue
 		}
 		if retry > 0 {
 			l.m.deniedHit.Inc()
 			l.releaseClaims(es)
-			l.putBack(es, m)
+			l.putBack(es)
 			return false, retry, nil
 		}
-		done := l.claim(es, m < deadline)
-		if done == nil {
-			break
+		if m >= deadline {
+			l.releaseClaims(es)
+			l.uncount(es)
+			return false, 0, errTimeout
 		}
-		// Another request's call will ask for this one too: wait for it.
-		t := time.NewTimer(time.Duration(deadline - m))
-		select {
-		case <-done:
-		case <-t.C:
+		if st, rf := l.claim(es); rf != nil {
+			// Another request's call will ask for this one too: wait for it.
+			if !l.wait(st, rf, deadline) {
+				return false, 0, errTimeout
+			}
+			continue
 		}
-		t.Stop()
+		called = true
+		if done, ok, retry, err := l.refillAndDecide(rs, es, deadline, &long); done {
+			return ok, retry, err
+		}
 	}
-	return l.refillAndDecide(rs, es)
 }
 
 // takeLocal takes a leased slot for every entry that has none yet; it
@@ -564,14 +638,14 @@ func (l *Limiter) takeLocal(es []entry, m int64) (missing int, retry time.Durati
 		}
 		e.st.mu.Lock()
 		if sl, ok := e.st.take(m, &l.outstanding); ok {
-			e.took, e.sl = true, sl
+			e.took, e.sl, e.violated = true, sl, false
 		} else {
 			missing++
 			// Slots waiting to be given back make the negative answer
 			// stale: the call that gives them back decides.
 			if until := e.st.deniedUntil.Load(); m < until && len(e.st.back) == 0 {
 				e.violated = true
-				retry = max(retry, time.Duration(until-m))
+				retry = max(retry, time.Duration(max(until, e.st.retryAt)-m))
 			}
 		}
 		e.snap()
@@ -580,33 +654,95 @@ func (l *Limiter) takeLocal(es []entry, m int64) (missing int, retry time.Durati
 	return missing, retry
 }
 
-// putBack returns the slots taken locally for a request that is refused.
-func (l *Limiter) putBack(es []entry, m int64) {
+// recheck is the admission moment: it admits (and stamps) the request if
+// every slot it holds is still valid now. Otherwise it gives back the
+// expired slots, and the slots granted as the decision of a call (scored at
+// that call's time, so only good for that decision), and the request looks
+// again.
+func (l *Limiter) recheck(es []entry) bool {
+	m := mono(time.Now())
+	ok := true
+	for i := range es {
+		if e := &es[i]; e.took && !e.decisive && m >= e.sl.until {
+			ok = false
+		}
+	}
+	if ok {
+		for i := range es {
+			e := &es[i]
+			if e.decisive {
+				e.stamp = e.sl.t0
+			} else {
+				e.stamp = e.sl.t0 + (m-e.sl.sent)/1000
+			}
+		}
+		return true
+	}
+	for i := range es {
+		e := &es[i]
+		if !e.took || (!e.decisive && m < e.sl.until) {
+			continue
+		}
+		e.st.mu.Lock()
+		e.st.giveBack(span{e.sl.seq, e.sl.idx, e.sl.j, e.sl.j}, nil)
+		e.snap()
+		e.st.mu.Unlock()
+		e.took, e.decisive = false, false
+	}
+	return false
+}
+
+// putBack returns the slots held by a request that is refused: a slot keeps
+// its time and stays spendable while that lasts, else it is given back.
+func (l *Limiter) putBack(es []entry) {
+	m := mono(time.Now())
 	for i := range es {
 		e := &es[i]
 		if !e.took {
 			continue
 		}
 		e.st.mu.Lock()
-		if e.granted {
-			// Slot 1 of a call is scored at the call's time: it cannot be
-			// kept for later, so it leaves the log.
+		if e.decisive {
+			// Slot 1 of a call scored at the call's time: it cannot be kept
+			// for later, so it leaves the log.
 			e.st.giveBack(span{e.sl.seq, e.sl.idx, 1, 1}, nil)
 		} else {
 			e.st.putBack(e.sl, m, &l.outstanding)
 		}
 		e.snap()
 		e.st.mu.Unlock()
-		e.took, e.granted = false, false
+		e.took, e.decisive = false, false
+	}
+}
+
+// settle ends a decision made without Redis (on_redis_error): if it admitted
+// the request, the slots it holds are spent and the slot a failed call may
+// have written for it stays in the log (the request did happen); if it
+// refused, they all go back.
+func (l *Limiter) settle(es []entry, admitted bool) {
+	for i := range es {
+		e := &es[i]
+		if admitted {
+			e.took, e.decisive, e.lost = false, false, false
+			continue
+		}
+		if e.lost {
+			e.st.mu.Lock()
+			e.st.giveBack(e.lostSp, nil)
+			e.st.mu.Unlock()
+			e.lost = false
+		}
+	}
+	if !admitted {
+		l.putBack(es)
 	}
 }
 
 // claim makes this request the refill owner of every window still lacking
-// a slot. When one of them already has a call in flight (and wait is set),
-// it registers as a waiter of that call instead, gives up its claims and
-// returns the call's done channel; after the deadline it claims what is free
-// and calls for the rest without waiting.
-func (l *Limiter) claim(es []entry, wait bool) chan struct{} {
+// a slot. When one of them already has a call in flight, it registers as a
+// waiter of that call instead, gives up its claims and returns that window's
+// state and refill.
+func (l *Limiter) claim(es []entry) (*state, *refill) {
 	for i := range es {
 		e := &es[i]
 		if e.took || e.own != nil {
@@ -626,19 +762,61 @@ func (l *Limiter) claim(es []entry, wait bool) chan struct{} {
 				rf.waiters--
 			}
 			e.own, rf = rf, nil
-		case wait:
+		default:
 			if rf.prev == nil || rf.prev != e.waited {
 				rf.waiters++
 			}
 			e.waited = rf
 		}
 		e.st.mu.Unlock()
-		if rf != nil && wait {
+		if rf != nil {
 			l.releaseClaims(es)
-			return rf.done
+			return e.st, rf
 		}
 	}
-	return nil
+	return nil, nil
+}
+
+// wait waits for the call of rf (a refill of st that counts this request)
+// until the request's deadline, or, once the call is sent, until its answer
+// (the call's own timeout bounds that). A request giving up before the call
+// is sent takes itself out of it, so that no slot is asked for it.
+func (l *Limiter) wait(st *state, rf *refill, deadline int64) bool {
+	t := time.NewTimer(time.Duration(deadline - mono(time.Now())))
+	defer t.Stop()
+	select {
+	case <-rf.done:
+		return true
+	case <-t.C:
+	}
+	st.mu.Lock()
+	sent := rf.sent != 0
+	if !sent {
+		rf.waiters--
+	}
+	st.mu.Unlock()
+	if !sent {
+		return false
+	}
+	<-rf.done
+	return true
+}
+
+// uncount takes a request that gives up out of the refills made for the
+// late waiters of a call it waited for.
+func (l *Limiter) uncount(es []entry) {
+	for i := range es {
+		e := &es[i]
+		if e.waited == nil {
+			continue
+		}
+		e.st.mu.Lock()
+		if rf := e.st.refill; rf != nil && rf.prev == e.waited && rf.sent == 0 && rf.waiters > 0 {
+			rf.waiters--
+		}
+		e.st.mu.Unlock()
+		e.waited = nil
+	}
 }
 
 // releaseClaims gives up the refills this request owns but will not make
@@ -682,12 +860,13 @@ func (l *Limiter) shortTime() time.Duration {
 
 // call is one script invocation: windows of one hash tag.
 type call struct {
-	short time.Duration // see shortTime
+	short time.Duration // see shortTime; as prepared: a lower bound
+	first bool          // slot 1 scored at now+short: the request needs other calls too
 	tag   string
 	keys  []string
 	wins  []callWindow
-	seq   uint64
-	sent  int64 // mono ns
+	seq   uint64 // 0: not sent
+	sent  int64  // mono ns
 	res   callResult
 	err   error
 }
@@ -696,6 +875,7 @@ type windowResult struct {
 	granted, remaining int
 	full               bool
 	reset              time.Duration
+	back               time.Duration // -1: no leased slot may come back
 }
 
 type callResult struct {
@@ -706,12 +886,21 @@ type callResult struct {
 
 // refillAndDecide asks Redis for every window still lacking a slot (one call
 // per hash tag, pipelined), keeps the slots asked for waiters and leases,
-// arms the negative cache of windows left full, and decides.
-func (l *Limiter) refillAndDecide(rs *Rules, es []entry) (bool, time.Duration, error) {
+// arms the negative cache of windows left full, and decides. done is false
+// when the request must look again (a window of a refused call had room,
+// or a slot it held ran out meanwhile).
+//
+// long: when the round took longer than the slots it held stay valid, the
+// next round's slots are given at least twice its duration.
+func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *time.Duration) (done, allowed bool, retry time.Duration, err error) {
 	calls := l.prepare(rs, es)
-	l.run(calls)
+	for i := range calls {
+		calls[i].first = len(calls) > 1
+		calls[i].short = *long
+	}
+	start := time.Now()
+	l.run(calls, deadline)
 	m := mono(time.Now())
-	var err error
 	for i := range calls {
 		c := &calls[i]
 		if c.err != nil && err == nil {
@@ -721,26 +910,41 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry) (bool, time.Duration, e
 			l.apply(c, &c.wins[j], m)
 		}
 	}
-	allowed := err == nil
-	var retry time.Duration
+	if err != nil {
+		return true, false, 0, err
+	}
+	// A window found full: a concurrent call may have left a slot meanwhile
+	// (its waiters' slots, or a lease).
+	full := false
 	for i := range es {
 		e := &es[i]
-		if !e.took {
-			allowed = false
-			if e.violated {
-				retry = max(retry, time.Duration(e.st.deniedUntil.Load()-m))
-			}
+		if e.took || !e.violated {
+			continue
+		}
+		e.st.mu.Lock()
+		if sl, ok := e.st.take(m, &l.outstanding); ok {
+			e.took, e.sl, e.violated = true, sl, false
+		} else {
+			full = true
+			retry = max(retry, e.retry)
+		}
+		e.snap()
+		e.st.mu.Unlock()
+	}
+	if full {
+		l.putBack(es)
+		return true, false, max(retry, time.Millisecond), nil
+	}
+	for i := range es {
+		if !es[i].took {
+			return false, false, 0, nil
 		}
 	}
-	if allowed {
-		l.traceAdmit(es)
-		return true, 0, nil
+	if l.recheck(es) {
+		return true, true, 0, nil
 	}
-	l.putBack(es, m)
-	if err != nil {
-		return false, 0, err
-	}
-	return false, max(retry, time.Millisecond), nil
+	*long = max(*long, 2*time.Since(start))
+	return false, false, 0, nil
 }
 
 // prepare groups the entries lacking a slot into calls by hash tag (the
@@ -790,72 +994,142 @@ func (l *Limiter) prepare(rs *Rules, es []entry) []call {
 	return calls
 }
 
-// run makes the calls through the batcher and returns when they are done.
-func (l *Limiter) run(calls []call) {
-	j := &job{calls: calls, done: make(chan struct{})}
-	b := &l.batch
-	b.mu.Lock()
-	b.pending = append(b.pending, j)
-	flush := b.flushers < maxFlushers
-	if flush {
-		b.flushers++
-	}
-	b.mu.Unlock()
-	if flush {
-		l.flush()
-	}
-	<-j.done
-}
-
-// maxFlushers: round trips in flight at once; maxBatch: calls per round trip.
+// maxFlushers: round trips in flight at once; maxBatch: calls per round
+// trip; maxQueued: requests waiting for their calls to be sent (more: the
+// limiter is overloaded, and the request is decided as on_redis_error says);
+// flusherIdle: how long the flushers stay without work.
 const (
 	maxFlushers = 4
 	maxBatch    = 256
+	maxQueued   = 4096
+	flusherIdle = 10 * time.Second
 )
 
-// batcher pipelines the calls of concurrent requests: a request that finds
-// fewer than maxFlushers round trips in flight sends everything queued (its
-// own calls and others') in one pipeline, until the queue is empty. So a
-// crowd of new clients costs a round trip per batch, not per client, and
-// never waits on a free connection of the pool.
+// batcher pipelines the calls of concurrent requests: requests queue their
+// calls and wait; a pool of at most maxFlushers goroutines (started on
+// demand, all ended when idle) sends what is queued, up to maxBatch calls per
+// round trip. So a crowd of new clients costs a round trip per batch, not
+// per client, never waits on a free connection of the pool, and a request
+// never sends others' calls.
 type batcher struct {
-	mu       sync.Mutex
-	pending  []*job
+	queue    chan *job
+	mu       sync.Mutex // guards flushers and the start and end of flushers
 	flushers int
 }
 
+// Job states: queued until a flusher takes it or its request gives up.
+const (
+	jobQueued int32 = iota
+	jobTaken
+	jobCancelled
+)
+
 type job struct {
 	calls []call
+	state atomic.Int32
 	done  chan struct{}
 }
 
-func (l *Limiter) flush() {
+var errQueue = errors.New("limiter: call not sent before the request's deadline")
+
+// run makes the calls through the batcher and returns when they are done,
+// or with errQueue on every call when none was sent by deadline (mono ns).
+func (l *Limiter) run(calls []call, deadline int64) {
+	j := &job{calls: calls, done: make(chan struct{})}
 	b := &l.batch
-	var jobs []*job
-	var cs []*call
-	for {
-		jobs, cs = jobs[:0], cs[:0]
-		b.mu.Lock()
-		for len(b.pending) > 0 && (len(cs) == 0 || len(cs)+len(b.pending[0].calls) <= maxBatch) {
-			j := b.pending[0]
-			b.pending = b.pending[1:]
-			jobs = append(jobs, j)
-			for i := range j.calls {
-				cs = append(cs, &j.calls[i])
-			}
+	b.mu.Lock()
+	queued := false
+	select {
+	case b.queue <- j:
+		queued = true
+	default:
+	}
+	for queued && b.flushers < maxFlushers {
+		b.flushers++
+		go l.flusher()
+	}
+	b.mu.Unlock()
+	if queued {
+		t := time.NewTimer(time.Duration(deadline - mono(time.Now())))
+		select {
+		case <-j.done:
+			t.Stop()
+			return
+		case <-t.C:
 		}
-		if len(jobs) == 0 {
-			b.flushers--
-			b.mu.Unlock()
+		if !j.state.CompareAndSwap(jobQueued, jobCancelled) {
+			<-j.done // being sent: the call's timeout bounds the wait
 			return
 		}
-		b.mu.Unlock()
+	}
+	for i := range calls {
+		calls[i].err = errQueue
+	}
+}
+
+// flusher sends queued jobs until it has been idle for flusherIdle.
+func (l *Limiter) flusher() {
+	b := &l.batch
+	idle := time.NewTimer(flusherIdle)
+	defer idle.Stop()
+	var jobs []*job
+	var cs []*call
+	var next *job // taken, but did not fit the last round trip
+	for {
+		j := next
+		next = nil
+		if j == nil {
+			select {
+			case j = <-b.queue:
+			case <-idle.C:
+				b.mu.Lock()
+				if len(b.queue) == 0 {
+					b.flushers--
+					b.mu.Unlock()
+					return
+				}
+				b.mu.Unlock()
+				idle.Reset(flusherIdle)
+				continue
+			}
+			if !j.state.CompareAndSwap(jobQueued, jobTaken) {
+				continue
+			}
+		}
+		jobs, cs = append(jobs[:0], j), cs[:0]
+		for i := range j.calls {
+			cs = append(cs, &j.calls[i])
+		}
+	more:
+		for len(cs) < maxBatch {
+			select {
+			case j := <-b.queue:
+				if !j.state.CompareAndSwap(jobQueued, jobTaken) {
+					continue
+				}
+				if len(cs)+len(j.calls) > maxBatch {
+					next = j
+					break more
+				}
+				jobs = append(jobs, j)
+				for i := range j.calls {
+					cs = append(cs, &j.calls[i])
+				}
+			default:
+				break more
+			}
+		}
 		l.send(cs)
 		for _, j := range jobs {
 			close(j.done)
 		}
+		idle.Reset(flusherIdle)
 	}
 }
+
+// maxNeed caps the requests one call admits for one window (a give-back
+// range of a lost reply must stay within what the script accepts).
+const maxNeed = 16384
 
 // send makes the calls, pipelined in one round trip when there are several.
 // Each call's waiters are counted in just before it is sent.
@@ -871,18 +1145,24 @@ func (l *Limiter) send(calls []*call) {
 	live := l.Live()
 	argv := make([][]any, len(calls))
 	short := l.shortTime()
+	sent := mono(start)
 	for i := range calls {
 		c := calls[i]
 		c.seq = l.seq.Add(1)
-		c.short = short
-		args := make([]any, 0, 3+7*len(c.wins))
-		args = append(args, l.id, c.seq, live)
+		c.short = max(short, c.short)
+		first := 0
+		if c.first {
+			first = 1
+		}
+		args := make([]any, 0, 4+7*len(c.wins))
+		args = append(args, l.id, c.seq, live, first)
 		for j := range c.wins {
 			cw := &c.wins[j]
 			if cw.own != nil {
 				cw.st.mu.Lock()
-				cw.need += cw.own.waiters
+				cw.need = min(cw.need+cw.own.waiters, cw.w.Limit, maxNeed)
 				cw.own.waiters = 0
+				cw.own.sent = sent
 				cw.st.mu.Unlock()
 			}
 			if cw.e == nil {
@@ -895,7 +1175,6 @@ func (l *Limiter) send(calls []*call) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	defer cancel()
-	sent := mono(start)
 	cmds := make([]*redis.Cmd, len(calls))
 	if len(calls) == 1 {
 		cmds[0] = lua.RateLimit.Run(ctx, l.rdb, calls[0].keys, argv[0]...)
@@ -919,31 +1198,33 @@ func (l *Limiter) send(calls []*call) {
 	} else {
 		l.rtt.Store(old + (int64(took)-old)/8)
 	}
-	failed := false
+	var failed error
 	for i := range calls {
 		c := calls[i]
 		c.sent = sent
 		l.m.called.Add(1)
 		vals, err := cmds[i].Int64Slice()
-		if err == nil && len(vals) != 3+4*len(c.wins) {
+		if err == nil && len(vals) != 3+5*len(c.wins) {
 			err = fmt.Errorf("%d values for %d windows", len(vals), len(c.wins))
 		}
 		if err != nil {
 			c.err = fmt.Errorf("ratelimit call: %w", err)
 			l.m.fail.Inc()
-			failed = true
+			if failed == nil {
+				failed = c.err
+			}
 			continue
 		}
 		l.m.ok.Inc()
 		c.res = callResult{allowed: vals[0] == 1, now: vals[1], admitted: int(vals[2])}
 		for j := range c.wins {
-			b := 3 + 4*j
+			b := 3 + 5*j
 			c.wins[j].res = windowResult{granted: int(vals[b]), full: vals[b+1] == 1, remaining: int(vals[b+2]),
-				reset: time.Duration(vals[b+3]) * time.Millisecond}
+				reset: time.Duration(vals[b+3]) * time.Millisecond, back: time.Duration(vals[b+4]) * time.Millisecond}
 		}
 	}
-	if failed {
-		l.failed(calls[0].err)
+	if failed != nil {
+		l.failed(failed)
 	} else {
 		l.succeeded()
 	}
@@ -989,13 +1270,22 @@ func (l *Limiter) apply(c *call, cw *callWindow, m int64) {
 	st := cw.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	idx := 1 + indexOf(c.wins, cw)
 	if c.err != nil {
 		// Nothing was decided: what was to be given back stays queued, and
 		// so do the slots this call may have taken if only its reply was
-		// lost (ZREM of members that do not exist is harmless).
+		// lost (ZREM of members that do not exist is harmless) — except
+		// slot 1, the request's own: if on_redis_error admits the request
+		// it stays in the log (settle).
 		st.back = append(cw.back, st.back...)
-		if !errors.Is(c.err, errBreakerOpen) && cw.need+cw.extra > 0 {
-			st.back = append(st.back, span{c.seq, 1 + indexOf(c.wins, cw), 1, cw.need + cw.extra})
+		if n := cw.need + cw.extra; c.seq != 0 && n > 0 {
+			from := 1
+			if e := cw.e; e != nil {
+				e.lost, e.lostSp, from = true, span{c.seq, idx, 1, 1}, 2
+			}
+			if n >= from {
+				st.back = append(st.back, span{c.seq, idx, from, n})
+			}
 		}
 	} else {
 		l.m.returned.Add(float64(spanSlots(cw.back)))
@@ -1007,15 +1297,27 @@ func (l *Limiter) apply(c *call, cw *callWindow, m int64) {
 		}
 		if g.remaining == 0 && g.reset > 0 {
 			// Full as of the call: refused locally until the next slot frees,
-			// measured from before the call was sent (never later than Redis).
-			st.deniedUntil.Store(c.sent + int64(g.reset))
+			// measured from before the call was sent (never later than
+			// Redis), and not past the earliest leased slot that its
+			// instance may give back. Retry-After counts from the reply.
+			until := c.sent + int64(g.reset)
+			if g.back >= 0 {
+				until = min(until, c.sent+int64(g.back))
+			}
+			st.deniedUntil.Store(until)
+			st.retryAt = m + int64(g.reset)
 		}
 		if e := cw.e; e != nil {
-			idx := 1 + indexOf(c.wins, cw)
 			if g.granted > 0 {
 				l.m.leaseSize.Observe(float64(g.granted))
-				e.took, e.granted = true, true
-				e.sl = slot{seq: c.seq, idx: idx, j: 1, stamp: c.res.now}
+				e.took, e.violated = true, false
+				// Slot 1 scored at the call's time is valid as this call's
+				// decision only; scored at now+short it is valid that long.
+				e.decisive = !c.first
+				e.sl = slot{seq: c.seq, idx: idx, j: 1, until: c.sent, t0: c.res.now, sent: c.sent}
+				if c.first {
+					e.sl.until = c.sent + int64(c.short)
+				}
 				gn := min(c.res.admitted, g.granted)
 				if gn >= 2 {
 					st.addBatch(batch{seq: c.seq, idx: idx, from: 2, to: gn, until: c.sent + int64(c.short), t0: c.res.now, sent: c.sent})
@@ -1026,6 +1328,7 @@ func (l *Limiter) apply(c *call, cw *callWindow, m int64) {
 				l.outstanding.Add(int64(g.granted - 1))
 			} else if g.full {
 				e.violated = true
+				e.retry = g.reset
 			}
 		}
 	}
@@ -1053,26 +1356,25 @@ func indexOf(ws []callWindow, cw *callWindow) int {
 	return -1
 }
 
-// traceAdmit reports the admitted request's windows to Config.Trace.
+// traceAdmit reports the admitted request's windows to Config.Trace with
+// the stamps of the admission moment (recheck).
 func (l *Limiter) traceAdmit(es []entry) {
-	if l.trace == nil {
-		return
-	}
 	for i := range es {
-		l.trace(es[i].w.Policy, es[i].sl.stamp)
+		e := &es[i]
+		l.trace(e.w.Policy, string(e.key), e.stamp)
 	}
 }
 
 var errBreakerOpen = errors.New("redis circuit breaker open")
 
-// fallback decides d.entries without Redis, rule by rule, as on_redis_error
-// says. Slots still leased locally are real and were spent first.
-func (l *Limiter) fallback(d *Decision, now time.Time, shadow bool) (bool, time.Duration) {
+// fallback decides es without Redis, rule by rule, as on_redis_error says.
+// Slots still held are real and count (settle keeps them if it admits).
+func (l *Limiter) fallback(d *Decision, es []entry, now time.Time, shadow bool) (bool, time.Duration) {
 	live := l.Live()
 	allowed := true
 	var retry time.Duration
-	for i := range d.entries {
-		e := &d.entries[i]
+	for i := range es {
+		e := &es[i]
 		e.violated = false
 		switch e.r.Mode {
 		case ModeOpen:
@@ -1095,9 +1397,9 @@ func (l *Limiter) fallback(d *Decision, now time.Time, shadow bool) (bool, time.
 	}
 	if !shadow {
 		d.Degraded = true
-		// Once per rule; a rule's windows are adjacent in d.entries.
-		for i := range d.entries {
-			if r := d.entries[i].r; i == 0 || d.entries[i-1].r != r {
+		// Once per rule; a rule's windows are adjacent in es.
+		for i := range es {
+			if r := es[i].r; i == 0 || es[i-1].r != r {
 				r.degraded.inc()
 			}
 		}
@@ -1105,8 +1407,8 @@ func (l *Limiter) fallback(d *Decision, now time.Time, shadow bool) (bool, time.
 	if allowed {
 		// Count the admitted request in every local window (local() above only
 		// checked): commit.
-		for i := range d.entries {
-			e := &d.entries[i]
+		for i := range es {
+			e := &es[i]
 			if e.r.Mode == ModeLocal {
 				e.st.localCommit(now, e.w.Length)
 			}

@@ -193,7 +193,7 @@ func TestCallsShareHashTag(t *testing.T) {
 		req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(addr),
 			Header: &fakeHeader{name: []byte("X-User-ID"), value: []byte("u-" + addr)}}
 		d.matched = rs.Match(nil, req.Method, req.Path)
-		l.collect(req, &d, false, time.Now())
+		l.collect(req, &d, &d.entries, false, time.Now())
 		for i := range d.entries {
 			d.entries[i].own = nil
 		}

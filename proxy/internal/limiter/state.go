@@ -26,6 +26,7 @@ type state struct {
 	wasted      bool         // a lease expired with slots left since the last call
 	refill      *refill      // the call in flight for this window, if any
 	deniedUntil atomic.Int64 // negative cache: full until then (mono ns); read without mu
+	retryAt     int64        // when the next slot frees as of the last reply (mono ns): Retry-After
 	remaining   int          // free slots after the last call
 	resetAt     time.Time    // when the next slot frees, as of the last call
 	lastUse     atomic.Int64 // mono ns; stored under (at least) the table shard's read lock
@@ -59,6 +60,7 @@ type span struct {
 type refill struct {
 	done    chan struct{}
 	waiters int
+	sent    int64 // mono ns when the call was sent (waiters counted in); 0 before
 	// unowned: made by the call before (prev) for its late waiters; the
 	// first request to find it makes the call.
 	unowned bool
@@ -67,9 +69,9 @@ type refill struct {
 
 func newState() *state { return &state{want: 1} }
 
-// take spends one leased slot valid at m (mono ns), earliest deadline first;
-// expired batches move to back. It returns the slot and its Redis-time stamp
-// (an upper bound of when it was spent). st.mu held.
+// take takes one leased slot valid at m (mono ns), earliest deadline first;
+// expired batches move to back. The request is admitted later (recheck),
+// while the slot is still valid, or it puts the slot back. st.mu held.
 func (s *state) take(m int64, out *atomic.Int64) (slot, bool) {
 	best := -1
 	for i := 0; i < len(s.batches); {
@@ -89,7 +91,7 @@ func (s *state) take(m int64, out *atomic.Int64) (slot, bool) {
 		return slot{}, false
 	}
 	b := &s.batches[best]
-	sl := slot{seq: b.seq, idx: b.idx, j: b.to, until: b.until, stamp: b.t0 + (m-b.sent)/1000, t0: b.t0, sent: b.sent}
+	sl := slot{seq: b.seq, idx: b.idx, j: b.to, until: b.until, t0: b.t0, sent: b.sent}
 	b.to--
 	out.Add(-1)
 	if b.to < b.from {
@@ -144,12 +146,13 @@ func (s *state) expireAll(m int64, out *atomic.Int64) {
 	}
 }
 
-// slot is one leased slot taken by a request.
+// slot is one slot held by a request: member seq:idx:j, spendable while
+// mono time < until; t0 (Redis µs) and sent (mono ns) map local time to
+// Redis time: Redis time at mono m is at most t0 + (m-sent)/1000.
 type slot struct {
 	seq      uint64
 	idx, j   int
 	until    int64
-	stamp    int64 // Redis time µs, upper bound of the spending moment
 	t0, sent int64
 }
 
