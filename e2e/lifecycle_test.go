@@ -426,7 +426,9 @@ func TestArchiveRacesAdminAndPurchase(t *testing.T) {
 	s.Drain(t, adm, admCrowd.Accepted())
 	s.Drain(t, pur, purCrowd.Accepted())
 	// The last purchase of sale 202, reserved just before its end; its
-	// message never reaches the broker. Its deadline is 3s past the end.
+	// message never reaches the broker, so its client was never answered 202
+	// (the backend answers only after the confirm). Its deadline is 3s past
+	// the end: it holds the archive until the sweeper expires it.
 	end := time.Now().Add(time.Second)
 	edge, err := s.Res.Reserve(context.Background(), reservation.Request{ActivityID: pur.ID, UserID: "edge", IdempotencyKey: "edge-key",
 		Quantity: 1, OrderID: ordermsg.NewOrderID(pur.ID), TTL: 4 * time.Second})
@@ -461,7 +463,14 @@ func TestArchiveRacesAdminAndPurchase(t *testing.T) {
 			}
 			t.Errorf("the archiver never found the end-of-window order pending: %v", lines)
 		}
-		accepted := append(purCrowd.Accepted(), &stack.Attempt{User: "edge", Key: "edge-key", OrderID: edge.OrderID})
+		// Never confirmed by the broker, never re-published: the sweeper
+		// expired it (stored without its key), and it took no unit.
+		var edgeStatus, edgeReason string
+		if err := s.DB.QueryRow(`SELECT status, COALESCE(reason, '') FROM orders WHERE order_id = ?`, edge.OrderID).Scan(&edgeStatus, &edgeReason); err != nil ||
+			edgeStatus != "failed" || edgeReason != "expired" {
+			t.Errorf("end-of-window order %s never published: %q %q %v, want failed expired", edge.OrderID, edgeStatus, edgeReason, err)
+		}
+		accepted := purCrowd.Accepted()
 		for _, a := range accepted {
 			var status string
 			if err := s.DB.QueryRow(`SELECT status FROM orders WHERE order_id = ?`, a.OrderID).Scan(&status); err != nil || status != "confirmed" {
@@ -486,6 +495,11 @@ func TestArchiveRacesAdminAndPurchase(t *testing.T) {
 			if got := buy(t, s, pur.ID, a.User, a.Key); got.Status != http.StatusAccepted || got.OrderID != a.OrderID {
 				t.Errorf("keyed replay of %s after the archive: %+v", a.OrderID, got)
 			}
+		}
+		// The expired order's key was never answered with it: after the
+		// archive it is a new purchase of an ended sale.
+		if got := buy(t, s, pur.ID, "edge", "edge-key"); got.Status != http.StatusConflict || got.Code != "ended" {
+			t.Errorf("the expired order's key after the archive: %+v, want 409 ended", got)
 		}
 	}
 
