@@ -151,6 +151,10 @@ for step in $STEPS; do
 	if make "$step" >"/root/make-$step.log" 2>&1; then r=ok; else r="FAIL (exit $?)"; status=1; fi
 	tail -n 25 "/root/make-$step.log"
 	printf 'fresh-check: RESULT make %s: %s in %d s\n' "$step" "$r" $((SECONDS - t))
+	if [ "$r" != ok ]; then
+		printf 'fresh-check: failures of make %s:\n' "$step"
+		grep -E -A3 '^(--- FAIL|FAIL|panic:)' "/root/make-$step.log" | head -n 60
+	fi
 	if [ "$step" = test ]; then
 		printf 'fresh-check: go test: %s packages ok, %s FAIL lines\n' \
 			"$(grep -c '^ok ' "/root/make-$step.log")" "$(grep -c '^FAIL' "/root/make-$step.log")"
