@@ -190,15 +190,6 @@ func TestEnvOverrides(t *testing.T) {
 	}
 }
 
-func TestRedisOptions(t *testing.T) {
-	c := Default()
-	c.Redis.URL = "redis://127.0.0.1:6390/3"
-	o := c.Redis.Options()
-	if o.Addr != "127.0.0.1:6390" || o.DB != 3 || !o.ContextTimeoutEnabled {
-		t.Errorf("options = %+v", o)
-	}
-}
-
 func FuzzParse(f *testing.F) {
 	data, err := os.ReadFile("seckill.toml")
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/redis/go-redis/v9"
 )
 
 // Redis is the [redis] section.
@@ -29,28 +28,8 @@ func defaultRedis() Redis {
 	}
 }
 
-// Options returns go-redis options for this section.
-func (r Redis) Options() *redis.Options {
-	o, err := redis.ParseURL(r.URL)
-	if err != nil {
-		// validate rejects a bad URL; reaching here is a programming error.
-		o = &redis.Options{Addr: "127.0.0.1:6379"}
-	}
-	o.PoolSize = r.PoolSize
-	o.DialTimeout = r.DialTimeout.Duration
-	o.ReadTimeout = r.ReadTimeout.Duration
-	o.WriteTimeout = r.WriteTimeout.Duration
-	// Every call gets its own deadline from the caller's context.
-	o.ContextTimeoutEnabled = true
-	// No client-level retries: a command whose reply was lost (EOF, a read
-	// timeout) may have run, and running a script again is the caller's
-	// decision (the purchase path undoes instead; see docs/faults.md).
-	o.MaxRetries = -1
-	return o
-}
-
 func (r *Redis) validate(p *problems) {
-	if _, err := redis.ParseURL(r.URL); err != nil {
+	if _, err := ParseRedisURL(r.URL); err != nil {
 		p.add("redis.url", "%v", err)
 	}
 	if strings.ContainsAny(r.KeyPrefix, "{} \t\r\n") {

@@ -18,7 +18,7 @@ import (
 
 const ttl = 30 * time.Second
 
-func redisNow(t testing.TB, rdb *redis.Client) time.Time {
+func redisNow(t testing.TB, rdb redis.UniversalClient) time.Time {
 	t.Helper()
 	now, err := rdb.Time(context.Background()).Result()
 	servicetest.Must(t, err, "redis TIME")
@@ -26,7 +26,7 @@ func redisNow(t testing.TB, rdb *redis.Client) time.Time {
 }
 
 // snapshot is every key under a prefix with its full content.
-func snapshot(t testing.TB, rdb *redis.Client, prefix string) map[string]any {
+func snapshot(t testing.TB, rdb redis.UniversalClient, prefix string) map[string]any {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]any{}
@@ -55,7 +55,7 @@ type sale struct {
 	start, end   time.Duration // relative to Redis's clock now
 }
 
-func warm(t testing.TB, st *reservation.Store, rdb *redis.Client, id int64, s sale) {
+func warm(t testing.TB, st *reservation.Store, rdb redis.UniversalClient, id int64, s sale) {
 	t.Helper()
 	now := redisNow(t, rdb)
 	out, _, err := st.Warm(context.Background(), id, reservation.WarmArgs{

@@ -51,7 +51,7 @@ func (h *hookPublisher) Publish(ctx context.Context, o ordermsg.Order) error {
 
 type stack struct {
 	url   string
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	store *reservation.Store
 	db    *sql.DB
 	topo  broker.Topology
@@ -79,7 +79,7 @@ func newStackWith(t *testing.T, soldOutTTL time.Duration, log *slog.Logger, edit
 
 // newStackOn runs the backend with scfg on rdb (nil: the shared Redis) and
 // the database of dsn ("": a fresh one on the shared MariaDB).
-func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, log *slog.Logger, edit func(*api.Config)) *stack {
+func newStackOn(t *testing.T, scfg sale.Config, rdb redis.UniversalClient, dsn string, log *slog.Logger, edit func(*api.Config)) *stack {
 	t.Helper()
 	var prefix string
 	if rdb == nil {

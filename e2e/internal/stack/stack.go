@@ -79,7 +79,7 @@ type Stack struct {
 	ConfigPath string
 	DSN        string
 	DB         *sql.DB
-	Redis      *redis.Client
+	Redis      redis.UniversalClient
 	RedisURL   string
 	Prefix     string // Redis key prefix
 	AMQPPrefix string

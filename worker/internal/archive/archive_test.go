@@ -24,7 +24,7 @@ import (
 
 type rig struct {
 	t      *testing.T
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	store  *reservation.Store
 	db     *sql.DB

@@ -20,7 +20,7 @@ import (
 )
 
 type rig struct {
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	store *reservation.Store
 	db    *sql.DB
 	rec   *Reconciler
