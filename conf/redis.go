@@ -1,6 +1,7 @@
 package conf
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -167,7 +169,7 @@ func (r Redis) NewClient() redis.UniversalClient {
 	}
 	switch t.Kind {
 	case RedisCluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{
+		cc := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:    t.Addrs,
 			Username: t.Username, Password: t.Password, TLSConfig: tlsConf,
 			PoolSize:    r.PoolSize,
@@ -175,7 +177,14 @@ func (r Redis) NewClient() redis.UniversalClient {
 			ContextTimeoutEnabled: true,
 			MaxRetries:            -1,
 			MaxRedirects:          3,
+			// A backstop; a lost node triggers a reload at once (below).
+			ClusterStateReloadInterval: 5 * time.Second,
 		})
+		// go-redis reloads the slot map on MOVED, which a dead master never
+		// sends: without this, calls to its slots would fail until the next
+		// periodic reload although a replica took over seconds ago.
+		cc.OnNewNode(func(n *redis.Client) { n.AddHook(reloadOnNodeError{cc}) })
+		return cc
 	case RedisSentinel:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: t.MasterName, SentinelAddrs: t.Addrs, DB: t.DB,
@@ -195,4 +204,46 @@ func (r Redis) NewClient() redis.UniversalClient {
 	o.ContextTimeoutEnabled = true
 	o.MaxRetries = -1
 	return redis.NewClient(&o)
+}
+
+// reloadOnNodeError asks a cluster client to reload its slot map (coalesced,
+// in the background) when a node fails to answer: refused, reset, timed out.
+type reloadOnNodeError struct{ c *redis.ClusterClient }
+
+func nodeFailed(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, redis.Nil) {
+		return false
+	}
+	var re redis.Error
+	return !errors.As(err, &re) // a reply from Redis means the node is there
+}
+
+func (h reloadOnNodeError) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil && ctx.Err() == nil {
+			h.c.ReloadState(ctx)
+		}
+		return c, err
+	}
+}
+
+func (h reloadOnNodeError) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if nodeFailed(err) {
+			h.c.ReloadState(ctx)
+		}
+		return err
+	}
+}
+
+func (h reloadOnNodeError) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if nodeFailed(err) {
+			h.c.ReloadState(ctx)
+		}
+		return err
+	}
 }

@@ -7,7 +7,9 @@ package lua
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
+	"net"
 	"sort"
 	"time"
 
@@ -60,10 +62,17 @@ type processor interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// noRetry marks a command go-redis must not resend after a lost reply.
+// noRetry marks a command go-redis must not resend after a lost reply. A
+// command that never left (no connection could be had: a dead node, a full
+// pool) may be sent again: it did not run.
 type noRetry struct{ *redis.Cmd }
 
-func (noRetry) NoRetry() bool { return true }
+func (c noRetry) NoRetry() bool { return !neverSent(c.Err()) }
+
+func neverSent(err error) bool {
+	var op *net.OpError
+	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout)
+}
 
 func (s *Script) call(ctx context.Context, c redis.Scripter, name, body string, keys []string, args []any) *redis.Cmd {
 	p, ok := c.(processor)

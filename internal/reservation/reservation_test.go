@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/redisnodes"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
 	"github.com/seckill/seckill/lua"
@@ -30,7 +31,7 @@ func snapshot(t testing.TB, rdb redis.UniversalClient, prefix string) map[string
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]any{}
-	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	keys, err := redisnodes.Scan(ctx, rdb, prefix+"*")
 	servicetest.Must(t, err, "keys")
 	for _, k := range keys {
 		typ, err := rdb.Type(ctx, k).Result()

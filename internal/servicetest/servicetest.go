@@ -104,6 +104,10 @@ func RedisAt(t testing.TB, rawURL string) (redis.UniversalClient, string) {
 	t.Helper()
 	rc := conf.Default().Redis
 	rc.URL = rawURL
+	// go-redis's own default timeouts, which the tests had before they used
+	// conf's client: a test's setup on a loaded machine is no deadline test.
+	rc.ReadTimeout, rc.WriteTimeout = conf.D(3*time.Second), conf.D(3*time.Second)
+	rc.DialTimeout = conf.D(5 * time.Second)
 	if _, err := conf.ParseRedisURL(rawURL); err != nil {
 		t.Fatalf("redis url %q: %v", rawURL, err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/redisnodes"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/servicetest"
@@ -218,7 +219,7 @@ func (s *stack) state(t *testing.T) map[string]any {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]any{}
-	keys, err := s.rdb.Keys(ctx, s.store.Prefix()+"*").Result()
+	keys, err := redisnodes.Scan(ctx, s.rdb, s.store.Prefix()+"*")
 	servicetest.Must(t, err, "keys")
 	for _, k := range keys {
 		switch s.rdb.Type(ctx, k).Val() {
