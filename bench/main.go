@@ -140,7 +140,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	snap := rec.Snapshot()
 	drainer := &verify.Drainer{DB: db, Redis: rdb, Prefix: cfg.Redis.KeyPrefix, AMQPURL: cfg.RabbitMQ.URL,
-		Queue: topo.Queue, DeadQueue: topo.DeadQueue, Rabbitmqctl: o.rabbitmqctl, Accepted: acceptedIDs(snap.Accepted)}
+		Queue: topo.Queue, Partitions: topo.OrderQueues()[1:], DeadQueue: topo.DeadQueue, Rabbitmqctl: o.rabbitmqctl, Accepted: acceptedIDs(snap.Accepted)}
 	dprog := newProgress(stderr, o.quiet, nil, tl)
 	dres, err := drainer.Wait(ctx, b.ActivityID, b.DrainTimeout.Duration, dprog.drainTick)
 	dprog.done()

@@ -106,7 +106,14 @@ type RabbitMQ struct {
 	ConfirmTimeout  Duration `toml:"confirm_timeout"`
 	ReconnectMin    Duration `toml:"reconnect_min"`
 	ReconnectMax    Duration `toml:"reconnect_max"`
+	// Partitions is the number of order queues; each order goes to the
+	// queue its order id hashes to (docs/scale-out.md).
+	Partitions int `toml:"partitions"`
 }
+
+// MaxPartitions bounds [rabbitmq] partitions (and the retired partition
+// queues a worker looks for).
+const MaxPartitions = 64
 
 func defaultRabbitMQ() RabbitMQ {
 	return RabbitMQ{
@@ -117,6 +124,7 @@ func defaultRabbitMQ() RabbitMQ {
 		ConfirmTimeout:  D(5 * time.Second),
 		ReconnectMin:    D(100 * time.Millisecond),
 		ReconnectMax:    D(5 * time.Second),
+		Partitions:      1,
 	}
 }
 
@@ -135,6 +143,7 @@ func (r *RabbitMQ) validate(p *problems) {
 	}
 	checkRange(p, "rabbitmq.delivery_limit", r.DeliveryLimit, 1, 1000)
 	checkRange(p, "rabbitmq.publish_channels", r.PublishChannels, 1, 256)
+	checkRange(p, "rabbitmq.partitions", r.Partitions, 1, MaxPartitions)
 	checkPositive(p, "rabbitmq.confirm_timeout", r.ConfirmTimeout)
 	checkPositive(p, "rabbitmq.reconnect_min", r.ReconnectMin)
 	checkPositive(p, "rabbitmq.reconnect_max", r.ReconnectMax)

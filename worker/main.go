@@ -169,7 +169,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	m := workermetrics.New(reg)
 	sales := reservation.New(rdb, cfg.Redis.KeyPrefix)
 	topo := broker.TopologyFor(cfg.RabbitMQ)
-	queues := backlog.New(rdb, sales, cfg.RabbitMQ.URL, []string{topo.Queue, topo.DeadQueue}, 2*time.Second)
+	queues := backlog.New(rdb, sales, cfg.RabbitMQ.URL, topo.QueueNames(), 2*time.Second)
 	defer queues.Close()
 	reg.MustRegister(queues)
 	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), m, log)
@@ -216,7 +216,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("worker started", "listen", ln.Addr().String(), "queue", consume.ConfigFrom(cfg).Topology.Queue)
+	log.Info("worker started", "listen", ln.Addr().String(), "queues", consume.ConfigFrom(cfg).Topology.OrderQueues(), "partitions", cfg.Worker.Partitions)
 
 	// On SIGTERM readiness fails for drain_delay while the worker still
 	// consumes; then consuming stops.

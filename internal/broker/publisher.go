@@ -502,7 +502,8 @@ func (p *Publisher) publish(ctx context.Context, id string, body []byte) error {
 	}
 	wrote := make(chan written, 1)
 	go func() {
-		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange, p.cfg.Topology.RoutingKey,
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange,
+			p.cfg.Topology.PartitionKey(p.cfg.Topology.Partition(id)),
 			true, false, amqp.Publishing{
 				ContentType:  ordermsg.ContentType,
 				DeliveryMode: amqp.Persistent,

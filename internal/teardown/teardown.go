@@ -112,8 +112,13 @@ func removeBroker(c conf.RabbitMQ) (queues, exchanges []string, err error) {
 	defer ch.Close()
 	topo := broker.TopologyFor(c)
 	var errs []error
+	// Partition queues of a larger [rabbitmq] partitions go too.
+	retired, err := topo.Retired(conn)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	// Deleting an absent queue or exchange succeeds, so a repeat is harmless.
-	for _, q := range topo.QueueNames() {
+	for _, q := range append(topo.QueueNames(), retired...) {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			errs = append(errs, fmt.Errorf("delete queue %s: %w", q, err))
 			continue

@@ -69,6 +69,10 @@ type Options struct {
 	AMQPURL string
 	// RedisURL is a Redis of the test's own ("" for the shared one).
 	RedisURL string
+	// Partitions is [rabbitmq] partitions (0: the default, 1).
+	Partitions int
+	// WorkerEnv is added to the environment of worker i (every run).
+	WorkerEnv map[int][]string
 }
 
 // Stack is one isolated deployment.
@@ -106,7 +110,7 @@ func New(t testing.TB, o Options) *Stack {
 		s.RedisURL = redisURL(t, o.RedisDB)
 	}
 	s.Redis, s.Prefix = servicetest.RedisAt(t, s.RedisURL)
-	topo := broker.TopologyFor(conf.RabbitMQ{Prefix: "x", DeliveryLimit: 5})
+	topo := broker.TopologyFor(conf.RabbitMQ{Prefix: "x", DeliveryLimit: 5, Partitions: o.Partitions})
 	suffix := func(names []string) []string {
 		out := make([]string, len(names))
 		for i, n := range names {
@@ -121,7 +125,7 @@ func New(t testing.TB, o Options) *Stack {
 	} else {
 		s.AMQPPrefix = servicetest.Name(t) // an own broker goes with the test
 	}
-	s.Topo = broker.TopologyFor(conf.RabbitMQ{Prefix: s.AMQPPrefix, DeliveryLimit: conf.Default().RabbitMQ.DeliveryLimit})
+	s.Topo = broker.TopologyFor(conf.RabbitMQ{Prefix: s.AMQPPrefix, DeliveryLimit: conf.Default().RabbitMQ.DeliveryLimit, Partitions: o.Partitions})
 	s.Res = reservation.New(s.Redis, s.Prefix)
 	s.ConfigPath = filepath.Join(s.Dir, "seckill.toml")
 	servicetest.Must(t, os.WriteFile(s.ConfigPath, []byte(o.Config), 0o644), "config")
@@ -132,6 +136,7 @@ func New(t testing.TB, o Options) *Stack {
 		conf.EnvAMQPURL+"="+s.AMQPURL,
 		conf.EnvAMQPQueuePrefix+"="+s.AMQPPrefix,
 		conf.EnvAdminToken+"="+AdminToken,
+		conf.EnvAMQPPartitions+"="+strconv.Itoa(s.Topo.Partitions),
 	)
 	s.HTTP = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
 	t.Cleanup(s.HTTP.CloseIdleConnections)
@@ -148,7 +153,7 @@ func New(t testing.TB, o Options) *Stack {
 	for i := range o.Workers {
 		addr := FreeAddr(t)
 		p := NewProc(t, worker, fmt.Sprintf("worker-%d", i), addr, s.Dir,
-			append(append([]string{}, s.Env...), conf.EnvWorkerListen+"="+addr), "-config", s.ConfigPath)
+			append(append(append([]string{}, s.Env...), conf.EnvWorkerListen+"="+addr), o.WorkerEnv[i]...), "-config", s.ConfigPath)
 		s.Workers = append(s.Workers, p)
 	}
 	for _, p := range s.Backends {
@@ -219,6 +224,24 @@ func (s *Stack) CreateSale(t testing.TB, id, stock, limit int64) Sale {
 	return Sale{ID: id, Stock: stock, Limit: limit}
 }
 
+// PartitionDepth is the number of ready messages in partition i's queue.
+func (s *Stack) PartitionDepth(t testing.TB, i int) (int, error) {
+	conn, err := amqp.Dial(s.AMQPURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	q, err := ch.QueueDeclarePassive(s.Topo.PartitionQueue(i), true, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	return q.Messages, nil
+}
+
 // QueueDepth returns the ready and unacknowledged messages of the order queue
 // (unacknowledged: consumers counted by the broker; RabbitMQ's passive declare
 // reports ready messages only, so the drain also waits for Redis).
@@ -232,11 +255,15 @@ func (s *Stack) QueueDepth(t testing.TB) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	q, err := ch.QueueDeclarePassive(s.Topo.Queue, true, false, false, false, nil)
-	if err != nil {
-		return 0, err
+	n := 0
+	for _, name := range s.Topo.OrderQueues() {
+		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		if err != nil {
+			return 0, err
+		}
+		n += q.Messages
 	}
-	return q.Messages, nil
+	return n, nil
 }
 
 // DeadLetters counts the messages in the dead-letter queue.
