@@ -122,10 +122,14 @@ start_cluster() {
 		sleep 0.1
 	done
 	[ "$ok" = 1 ] || { echo "cluster did not reach cluster_state:ok" >&2; return 1; }
-	# Replicas attached: a failover test needs one behind each master.
-	for _ in $(seq 200); do
-		ok=0
-		[ "$(redis-cli -h $host -p "${ps[0]}" cluster nodes | grep -c ' slave [0-9a-f]')" = 3 ] && { ok=1; break; }
+	# Replicas attached, in every node's view (gossip spreads it): a
+	# failover test needs one behind each master.
+	for _ in $(seq 300); do
+		ok=1
+		for p in "${ps[@]}"; do
+			[ "$(redis-cli -h $host -p "$p" cluster nodes | grep -cE '[ ,]slave [0-9a-f]')" = 3 ] || { ok=0; break; }
+		done
+		[ "$ok" = 1 ] && break
 		sleep 0.1
 	done
 	[ "$ok" = 1 ] || { echo "cluster: not every master has a replica:" >&2; redis-cli -h $host -p "${ps[0]}" cluster nodes >&2; return 1; }
