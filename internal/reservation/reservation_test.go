@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -493,6 +494,32 @@ func BenchmarkReserve(b *testing.B) {
 			b.Fatalf("%+v %v", res, err)
 		}
 	}
+}
+
+// BenchmarkReserveParallel is one hot sale reserved by 32
+// goroutines per CPU (SECKILL_TEST_REDIS_URL picks the engine: one node or a cluster,
+// where the sale's keys are one slot on one master).
+func BenchmarkReserveParallel(b *testing.B) {
+	rdb, prefix := servicetest.Redis(b)
+	st := reservation.New(rdb, prefix)
+	const id = 1
+	warm(b, st, rdb, id, sale{total: 1 << 40, limit: 1, start: -time.Hour, end: time.Hour})
+	var n atomic.Int64
+	b.SetParallelism(32)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			res, err := st.Reserve(context.Background(), reservation.Request{
+				ActivityID: id, UserID: "u" + strconv.FormatInt(i, 10), Quantity: 1, OrderID: ordermsg.NewOrderID(id), TTL: ttl,
+			})
+			if err != nil || res.Outcome != reservation.Reserved {
+				b.Errorf("%+v %v", res, err)
+				return
+			}
+		}
+	})
 }
 
 // BenchmarkRawEvalSha is the ceiling of BenchmarkReserve: the same script by
