@@ -25,6 +25,7 @@ import (
 	"github.com/seckill/seckill/backend/internal/sale"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
@@ -93,7 +94,7 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, l
 		cfg.MySQL.DSN = servicetest.MySQLDSN(t)
 	}
 	cfg.RabbitMQ.URL = servicetest.AMQPURL()
-	cfg.RabbitMQ.Prefix = servicetest.AMQPPrefix(t, []string{".orders", ".orders.dead"}, []string{".orders", ".orders.dlx"})
+	cfg.RabbitMQ.Prefix = brokertest.Prefix(t)
 	ctx := context.Background()
 	servicetest.Must(t, lua.Preload(ctx, rdb), "preload")
 	db, err := schema.Open(ctx, cfg.MySQL)
