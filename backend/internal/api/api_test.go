@@ -129,18 +129,14 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, l
 		{Name: "mysql", Fn: db.PingContext},
 		{Name: "rabbitmq", Fn: func(context.Context) error { return real.Ready() }},
 	}, reg, log, api.NewMetrics(reg))
-	srv := a.Server()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
+	addr := servicetest.Serve(t, a.Server())
 
 	conn, err := amqp.Dial(servicetest.AMQPURL())
 	servicetest.Must(t, err, "dial")
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	servicetest.Must(t, err, "channel")
-	return &stack{url: "http://" + ln.Addr().String(), rdb: rdb, store: store, db: db,
+	return &stack{url: "http://" + addr, rdb: rdb, store: store, db: db,
 		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, api: a, svc: svc}
 }
 
