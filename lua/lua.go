@@ -22,11 +22,17 @@ var files embed.FS
 // registry holds every script, so that Preload can load them all.
 var registry = map[string]*redis.Script{}
 
-func load(name string) *redis.Script {
-	src, err := files.ReadFile(name)
-	if err != nil {
-		// The file is embedded at build time; missing means the build is broken.
-		panic(fmt.Sprintf("lua: %s not embedded: %v", name, err))
+// load makes the script of file name, with the files of libs (shared
+// functions, such as record.lua's encodings) put before it.
+func load(name string, libs ...string) *redis.Script {
+	var src []byte
+	for _, f := range append(libs, name) {
+		b, err := files.ReadFile(f)
+		if err != nil {
+			// The file is embedded at build time; missing means the build is broken.
+			panic(fmt.Sprintf("lua: %s not embedded: %v", f, err))
+		}
+		src = append(src, b...)
 	}
 	s := redis.NewScript(string(src))
 	registry[name] = s
