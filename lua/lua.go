@@ -1,6 +1,7 @@
 // Package lua holds the Redis scripts of seckill, embedded at build time, one
-// *redis.Script per .lua file. Each file opens with a header naming its KEYS,
-// ARGV and return values. Every key of one script shares a hash tag ({act:ID})
+// *redis.Script per .lua file but record.lua, which holds the encodings of
+// order records and user entries and is put before the scripts that use them.
+// Each script opens with a header naming its KEYS, ARGV and return values. Every key of one script shares a hash tag ({act:ID})
 // so the scripts run unchanged on Redis Cluster, and Redis TIME is their clock.
 package lua
 

@@ -103,7 +103,6 @@ type Client interface {
 	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	ZAddXX(ctx context.Context, key string, members ...redis.Z) *redis.IntCmd
-	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
 }
 
