@@ -95,9 +95,26 @@ wait_ping() {
 	return 1
 }
 
+# wait_synced PORT...: every replica among them has its link to the master up.
+wait_synced() {
+	local p
+	for p in "$@"; do
+		for _ in $(seq 300); do
+			redis-cli -h $host -p "$p" info replication | grep -q '^role:master' && break
+			redis-cli -h $host -p "$p" info replication | grep -q '^master_link_status:up' && break
+			sleep 0.1
+		done
+		redis-cli -h $host -p "$p" info replication | grep -qE '^(role:master|master_link_status:up)' ||
+			{ echo "replica $p did not sync with its master" >&2; return 1; }
+	done
+}
+
 server() { # port, extra args...
 	local p=$1; shift
+	# repl-diskless-sync-delay 0: a replica's first sync starts at once
+	# instead of after 5 s; a replica that never synced cannot take over.
 	redis-server --port "$p" --bind $host --protected-mode no --save "" --appendonly no --shutdown-timeout 0 \
+		--repl-diskless-sync-delay 0 \
 		--daemonize yes --dir "$dir" --pidfile "$dir/$p.pid" --logfile "$dir/$p.log" "$@"
 	wait_ping "$p"
 }
@@ -133,6 +150,7 @@ start_cluster() {
 		sleep 0.1
 	done
 	[ "$ok" = 1 ] || { echo "cluster: not every master has a replica:" >&2; redis-cli -h $host -p "${ps[0]}" cluster nodes >&2; return 1; }
+	wait_synced "${ps[@]}"
 	local IFS=,
 	echo "redis-cluster://${addrs[*]:0:3}" >"$dir/url"
 }
@@ -142,6 +160,7 @@ start_sentinel() {
 	mapfile -t ps < <(ports 5)
 	server "${ps[0]}"
 	server "${ps[1]}" --replicaof $host "${ps[0]}"
+	wait_synced "${ps[1]}"
 	for i in 2 3 4; do
 		p=${ps[$i]}
 		cat >"$dir/sentinel-$p.conf" <<EOF

@@ -120,7 +120,7 @@ func (e *Engine) Restart(t testing.TB, port int) {
 	t.Helper()
 	p := strconv.Itoa(port)
 	args := []string{"--port", p, "--bind", "127.0.0.1", "--protected-mode", "no", "--save", "", "--appendonly", "no",
-		"--shutdown-timeout", "0", "--daemonize", "yes", "--dir", e.Dir, "--pidfile", filepath.Join(e.Dir, p+".pid"), "--logfile", filepath.Join(e.Dir, p+".log")}
+		"--shutdown-timeout", "0", "--repl-diskless-sync-delay", "0", "--daemonize", "yes", "--dir", e.Dir, "--pidfile", filepath.Join(e.Dir, p+".pid"), "--logfile", filepath.Join(e.Dir, p+".log")}
 	if e.kind == "cluster" {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(port+100), "--cluster-config-file", filepath.Join(e.Dir, "nodes-"+p+".conf"),
 			"--cluster-node-timeout", "2000")
