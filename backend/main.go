@@ -117,7 +117,7 @@ func run(ctx context.Context, args []string) error {
 		StateTTL:        cfg.Backend.StateCacheTTL.Duration,
 		OrderWaitMax:    cfg.Backend.OrderWaitMax.Duration,
 		MaxOrderWaiters: cfg.Backend.MaxOrderWaiters,
-		RecoveryGrace:   cfg.Worker.RepublishAfter.Duration,
+		RecoveryMax:     cfg.Backend.ReservationTTL.Duration + cfg.Worker.QueuedExpireAfter.Duration,
 	}, log, sale.NewMetrics(reg))
 	defer svc.Close() // before Redis closes: background undos end first
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))

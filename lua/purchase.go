@@ -9,4 +9,6 @@ var (
 	Settle  = load("settle.lua")
 	Warm    = load("warm.lua")
 	Archive = load("archive.lua")
+	// Recovered ends a sale's recovery after a Redis loss (its drain marker).
+	Recovered = load("recovered.lua")
 )

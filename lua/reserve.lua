@@ -6,9 +6,10 @@
 -- KEYS[4] orders     hash  order id -> "state|qty|user|deadline_ms|reason"
 -- KEYS[5] deadlines  zset  order id -> deadline (ms) while pending or claimed
 -- KEYS[6] keys       hash  order id -> its idempotency key
--- KEYS[7] recovering string, set (with an expiry) while a sale rebuilt after a
---                          Redis loss may still have orders in flight whose keys
---                          Redis forgot: an unknown key then answers "unsure"
+-- KEYS[7] recovering string, the recovery token, set while a sale rebuilt after
+--                          a Redis loss may still have orders in the queue that
+--                          Redis forgot (their keys, their units): a key Redis does
+--                          not know, and every new reservation, then answers "unsure"
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
 -- TTL in ms
@@ -30,8 +31,10 @@
 --                                            replay publishes it, and the backend's undo of the
 --                                            attempt that reserved it answers "taken"
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
---   {"unsure"}                               a key Redis does not know, while recovering:
---                                            it may belong to an order still in the queue
+--   {"unsure", token}                        while recovering, a request that would reserve:
+--                                            its key may belong to an order still in the
+--                                            queue, and the units of those orders are not
+--                                            counted in pending; nothing reserved
 --   {"bad_quantity", limit}                  quantity outside 1..limit
 --   {"not_started", start_ms} | {"ended", end_ms}
 --   {"limit_exceeded", held, limit}
@@ -76,9 +79,6 @@ if key ~= '' then
     end
     return {'replay', prior, '?', 0, 0, 0}
   end
-  if redis.call('EXISTS', KEYS[7]) == 1 then
-    return {'unsure'}
-  end
 end
 local qty = tonumber(ARGV[3])
 local total, sold, pending = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3])
@@ -93,6 +93,10 @@ if now < start_ms then
 end
 if now >= end_ms then
   return {'ended', end_ms}
+end
+local recovering = redis.call('GET', KEYS[7])
+if recovering then
+  return {'unsure', recovering}
 end
 local held = tonumber(redis.call('HGET', KEYS[2], user) or '0')
 if held + qty > limit then

@@ -533,7 +533,7 @@ func (p *Publisher) Publish(ctx context.Context, o ordermsg.Order) error {
 		return fmt.Errorf("publish %s: encode: %w", o.OrderID, err)
 	}
 	start := time.Now()
-	err = p.publish(ctx, o.OrderID, body)
+	err = p.publish(ctx, o.OrderID, "", body)
 	p.metrics.outcome(err, time.Since(start))
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", o.OrderID, err)
@@ -541,7 +541,20 @@ func (p *Publisher) Publish(ctx context.Context, o ordermsg.Order) error {
 	return nil
 }
 
-func (p *Publisher) publish(ctx context.Context, id string, body []byte) error {
+// PublishMarker sends a drain marker (type ordermsg.MarkerType) to the order
+// queue like an order, and returns nil once the broker confirmed it.
+func (p *Publisher) PublishMarker(ctx context.Context, m ordermsg.Marker) error {
+	body, err := m.Encode()
+	if err != nil {
+		return fmt.Errorf("publish marker: encode: %w", err)
+	}
+	if err := p.publish(ctx, m.MessageID(), ordermsg.MarkerType, body); err != nil {
+		return fmt.Errorf("publish marker %s: %w", m.MessageID(), err)
+	}
+	return nil
+}
+
+func (p *Publisher) publish(ctx context.Context, id, typ string, body []byte) error {
 	if p.ctx.Err() != nil {
 		return ErrClosed
 	}
@@ -590,6 +603,7 @@ func (p *Publisher) publish(ctx context.Context, id string, body []byte) error {
 				ContentType:  ordermsg.ContentType,
 				DeliveryMode: amqp.Persistent,
 				MessageId:    id,
+				Type:         typ,
 				Timestamp:    time.Now(),
 				Body:         body,
 			})

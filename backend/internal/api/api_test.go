@@ -49,6 +49,10 @@ func (h *hookPublisher) Publish(ctx context.Context, o ordermsg.Order) error {
 	return err
 }
 
+func (h *hookPublisher) PublishMarker(ctx context.Context, m ordermsg.Marker) error {
+	return h.real.PublishMarker(ctx, m)
+}
+
 type stack struct {
 	url   string
 	rdb   *redis.Client

@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/salesdb"
@@ -84,7 +85,7 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 	// admin change that built the sale anew (a reopened archive) restores now.
 	if err == nil && out == reservation.WarmCreated && !createOnly {
 		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-		err = salesdb.Restore(qctx, s.db, s.store, id, 0)
+		_, err = salesdb.Restore(qctx, s.db, s.store, id, 0)
 		cancel()
 	}
 	return out, sale, err
@@ -111,11 +112,13 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		}
 		// Before the sale exists again: orders MySQL decided get their
 		// records and keys back (a client retrying with its Idempotency-Key
-		// finds its order), and keys Redis does not know answer 503 until
-		// every order published before the loss can have reached MySQL. A
-		// failure leaves the sale missing: the next request tries again.
+		// finds its order), and the sale recovers — keys Redis does not
+		// know are answered from MySQL or 503, nothing new is reserved —
+		// until a worker takes the drain marker sent below: every order
+		// queued before the loss is then decided. A failure leaves the sale
+		// missing: the next request tries again.
 		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-		err = salesdb.Restore(qctx, s.db, s.store, id, s.recoveryWindow())
+		token, err := salesdb.Restore(qctx, s.db, s.store, id, s.cfg.RecoveryMax)
 		cancel()
 		if err != nil {
 			s.m.rebuilt("restore", err)
@@ -134,15 +137,60 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		if out == reservation.WarmArchived {
 			return true, errArchived
 		}
+		s.sendMarker(id, token)
 		s.log.Info("activity rebuilt in Redis from MySQL", "activity_id", id, "outcome", out)
 		return true, nil
 	})
 }
 
-// recoveryWindow is how long a rebuilt sale answers 503 to keys neither
-// Redis nor MySQL knows: an order published before the loss reaches MySQL
-// within its reservation TTL (the sweeper expires it at the latest).
-func (s *Service) recoveryWindow() time.Duration { return s.cfg.ReservationTTL + s.cfg.RecoveryGrace }
+// markerSent is the last drain marker this backend sent for an activity.
+type markerSent struct {
+	token string
+	at    time.Time
+}
+
+// sendMarker publishes the drain marker of a sale's recovery (token) in the
+// background, retrying until the broker confirms it. Once confirmed it is
+// sent again only after ReservationTTL, while the sale still recovers under
+// that token: a marker lost with its queue (or dead-lettered) would
+// otherwise leave the sale recovering until RecoveryMax. Copies are
+// harmless: the first one a worker takes ends the recovery, the others find
+// it ended. The backend that rebuilt the sale sends the first marker; any
+// backend whose purchase meets the recovery (the reconciler rebuilt it)
+// sends one too.
+func (s *Service) sendMarker(id int64, token string) {
+	if token == "" {
+		return
+	}
+	now := s.now()
+	s.markersMu.Lock()
+	last, ok := s.markers[id]
+	if ok && last.token == token && now.Sub(last.at) < s.cfg.ReservationTTL {
+		s.markersMu.Unlock()
+		return
+	}
+	s.markers[id] = markerSent{token: token, at: now}
+	s.markersMu.Unlock()
+	m := ordermsg.Marker{ActivityID: id, Token: token}
+	s.later(now.Add(s.cfg.ReservationTTL), func(r string) { s.m.purchased("drain_marker_" + r) }, func() error {
+		pctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
+		defer cancel()
+		err := s.pub.PublishMarker(pctx, m)
+		if err == nil || errors.Is(err, broker.ErrDuplicate) {
+			s.m.purchased("drain_marker_sent")
+			return nil
+		}
+		return err
+	}, func(err error) {
+		// The next purchase that meets the recovery sends it again.
+		s.markersMu.Lock()
+		if s.markers[id].token == token {
+			delete(s.markers, id)
+		}
+		s.markersMu.Unlock()
+		s.log.Warn("drain marker not confirmed; a later purchase sends it again", "activity_id", id, "err", err)
+	})
+}
 
 // keyOrder answers a key Redis does not know while a sale recovers from a
 // Redis loss: MySQL's order of that key is restored to Redis and replayed;
@@ -157,8 +205,10 @@ func (s *Service) keyOrder(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	if !found {
 		return PurchaseResult{}, fmt.Errorf("%w: key of activity %d unknown while the sale recovers from a Redis loss", ErrUnavailable, r.ActivityID)
 	}
+	// The key only: the record is the worker's settle to write (with the
+	// counters; a record written first would make it skip them).
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
-	if err := s.store.Restore(rctx, r.ActivityID, []reservation.Decided{d}); err != nil {
+	if err := s.store.RestoreKeys(rctx, r.ActivityID, []reservation.Decided{d}); err != nil {
 		s.log.Debug("restore of a key's order failed; MySQL answered it", "order_id", d.OrderID, "err", err)
 	}
 	cancel()

@@ -75,6 +75,9 @@ func ConfigFrom(c conf.Config) Config {
 type Reservations interface {
 	Claim(ctx context.Context, activityID int64, orderIDs []string) ([]reservation.State, error)
 	Settle(ctx context.Context, activityID int64, orders []reservation.Settlement) (int64, error)
+	// RestoreKeys and EndRecovery serve the recovery after a Redis loss.
+	RestoreKeys(ctx context.Context, activityID int64, orders []reservation.Decided) error
+	EndRecovery(ctx context.Context, activityID int64, token string) (bool, error)
 }
 
 // Writer is what the consumer needs of MySQL (*store.Store).
@@ -358,8 +361,20 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 	byID := map[int64]*group{}
 	byTag := make(map[uint64]amqp.Delivery, len(batch))
 	var ackTags []uint64 // decided, to be acked
+	var markers []marker
 	for _, d := range batch {
 		byTag[d.DeliveryTag] = d
+		if d.Type == ordermsg.MarkerType {
+			m, err := ordermsg.DecodeMarker(d.Body)
+			if err != nil {
+				if c.deadLetter(ctx, ch, d, err, dl) {
+					ackTags = append(ackTags, d.DeliveryTag)
+				}
+				continue
+			}
+			markers = append(markers, marker{tag: d.DeliveryTag, m: m})
+			continue
+		}
 		o, err := ordermsg.Decode(d.Body)
 		if err != nil {
 			if c.deadLetter(ctx, ch, d, err, dl) {
@@ -401,14 +416,92 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 			all = false
 			break
 		}
+		if err := c.restoreKeys(ctx, g); err != nil {
+			all = false
+			break
+		}
 		done = append(done, g)
 		ackTags = append(ackTags, g.written()...)
+	}
+	// Markers last: every order this channel received before them is
+	// decided in MySQL now, and its key back in Redis.
+	for _, mk := range markers {
+		if !all || c.endRecovery(ctx, mk.m) != nil {
+			all = false
+			break
+		}
+		ackTags = append(ackTags, mk.tag)
 	}
 	acked := c.ack(ch, ackTags, all)
 	if len(done) > 0 {
 		settles <- done
 	}
 	return all && acked
+}
+
+// marker is a drain marker in a batch.
+type marker struct {
+	tag uint64
+	m   ordermsg.Marker
+}
+
+// restoreKeys binds the idempotency keys of a written group's orders whose
+// records Redis lost (claim "?": queued before a Redis loss) back to them,
+// before they are acked: once the sale's recovery ends (its drain marker
+// comes after them) a keyed retry finds its order in Redis, never buys
+// again. Retried while Redis fails, until ctx ends (then nothing is acked:
+// the redelivery is recognised in MySQL and restores again).
+func (c *Consumer) restoreKeys(ctx context.Context, g *group) error {
+	var lost []reservation.Decided
+	for i, o := range g.orders {
+		if o.Claim != reservation.Unknown || o.IdempotencyKey == "" || g.rejected[i] != nil ||
+			g.outcomes[i].Reason == store.ReasonDuplicateKey {
+			continue // another order of the key is the one MySQL keeps
+		}
+		lost = append(lost, reservation.Decided{OrderID: o.OrderID, UserID: o.UserID, IdempotencyKey: o.IdempotencyKey, Quantity: o.Quantity})
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	return c.redis(ctx, "restore keys", func(rctx context.Context) error {
+		return c.res.RestoreKeys(rctx, g.activityID, lost)
+	})
+}
+
+// endRecovery ends the recovery a drain marker names (a marker of an
+// earlier recovery, or one that ended already, changes nothing).
+func (c *Consumer) endRecovery(ctx context.Context, m ordermsg.Marker) error {
+	return c.redis(ctx, "end recovery", func(rctx context.Context) error {
+		ended, err := c.res.EndRecovery(rctx, m.ActivityID, m.Token)
+		if err == nil && ended {
+			c.log.Info("sale recovered from a Redis loss: the queue delivered every order before its drain marker",
+				"activity", m.ActivityID, "token", m.Token)
+		}
+		return err
+	})
+}
+
+// redis runs one Redis call with RedisTimeout, retrying with back-off while
+// it fails, until ctx ends.
+func (c *Consumer) redis(ctx context.Context, what string, call func(context.Context) error) error {
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
+		err := call(rctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.m.Retries.WithLabelValues(workermetrics.CauseRedis).Inc()
+		d := bo.Next()
+		c.log.Warn(what+" failed; retrying", "in", d, "err", err)
+		if !backoff.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
 }
 
 // ack acks the decided tags: with one multiple ack of the highest when every
