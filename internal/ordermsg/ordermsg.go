@@ -152,7 +152,9 @@ type Marker struct {
 func (m Marker) Encode() ([]byte, error) { return json.Marshal(m) }
 
 // MessageID is the marker's AMQP message id.
-func (m Marker) MessageID() string { return "drain-" + strconv.FormatInt(m.ActivityID, 10) + "-" + m.Token }
+func (m Marker) MessageID() string {
+	return "drain-" + strconv.FormatInt(m.ActivityID, 10) + "-" + m.Token
+}
 
 // DecodeMarker parses and validates a marker body.
 func DecodeMarker(body []byte) (Marker, error) {
