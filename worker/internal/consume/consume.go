@@ -47,6 +47,10 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Name labels the AMQP connection in the broker's tools.
 	Name string
+	// DeadLetters: also consume the dead-letter queue, deciding each order
+	// in it (see deadLoop). Every worker does; tests of the dead-letter
+	// publish itself leave it off to look into the queue.
+	DeadLetters bool
 }
 
 // ConfigFrom derives the consumer's settings from the configuration file.
@@ -67,6 +71,7 @@ func ConfigFrom(c conf.Config) Config {
 		RedisTimeout:   c.Redis.ReadTimeout.Duration + c.Redis.WriteTimeout.Duration,
 		ShutdownGrace:  c.Worker.ShutdownGrace.Duration,
 		Name:           fmt.Sprintf("seckill-worker %s/%d", host, os.Getpid()),
+		DeadLetters:    true,
 	}
 }
 
@@ -193,7 +198,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		lost()
 		c.setConn(nil)
 	}()
-	ended := make(chan struct{}, c.cfg.Consumers)
+	ended := make(chan struct{}, c.cfg.Consumers+1)
 	for i := range c.cfg.Consumers {
 		ch, err := conn.Channel()
 		if err != nil {
@@ -213,8 +218,28 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 			ended <- struct{}{}
 		}()
 	}
+	if c.cfg.DeadLetters {
+		dch, err := conn.Channel()
+		if err != nil {
+			return false, fmt.Errorf("open dead-letter channel: %w", err)
+		}
+		if err := dch.Qos(deadPrefetch, 0, false); err != nil {
+			return false, fmt.Errorf("qos on the dead-letter channel: %w", err)
+		}
+		dead, err := dch.Consume(c.cfg.Topology.DeadQueue, "", false, false, false, false, nil)
+		if err != nil {
+			return false, fmt.Errorf("consume %s: %w", c.cfg.Topology.DeadQueue, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.deadLoop(sess, proc, dch, dead)
+			ended <- struct{}{}
+		}()
+	}
 	c.setConn(conn)
-	c.log.Info("consuming", "queue", c.cfg.Topology.Queue, "channels", c.cfg.Consumers, "prefetch", c.cfg.Prefetch)
+	c.log.Info("consuming", "queue", c.cfg.Topology.Queue, "channels", c.cfg.Consumers, "prefetch", c.cfg.Prefetch,
+		"dead_letters", c.cfg.DeadLetters)
 
 	select {
 	case <-ctx.Done():
@@ -681,6 +706,85 @@ func (c *Consumer) settle(ctx context.Context, g *group) {
 			return
 		}
 	}
+}
+
+// ReasonDeadLettered is the failure reason of an order whose message went to
+// the dead-letter queue (the broker's delivery limit, or a worker that could
+// not process it) before MySQL decided it.
+const ReasonDeadLettered = "dead_lettered"
+
+// deadPrefetch bounds the unacked messages of the dead-letter channel.
+const deadPrefetch = 16
+
+// deadLoop consumes the dead-letter queue: each order in it is decided, so
+// that its unit is not held until queued_expire_after. MySQL arbitrates —
+// the order is stored failed (dead_lettered) unless a row exists (a worker
+// committed it before its message was dead-lettered: the row stands) — and
+// Redis is then settled from MySQL's row. Idempotent on the order id, so a
+// second copy of a message (a worker's dead-letter publish confirmed, its
+// ack of the original lost, the original dead-lettered again) changes
+// nothing. Messages that are no order (poison, a marker) are logged and
+// acked: they hold no unit.
+func (c *Consumer) deadLoop(ctx, proc context.Context, ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
+	defer ch.Close()
+	for {
+		var d amqp.Delivery
+		var ok bool
+		select {
+		case d, ok = <-deliveries:
+			if !ok {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+		if !c.decideDead(proc, d) {
+			return // not decided (shutdown, session lost): redelivered later
+		}
+		if err := ch.Ack(d.DeliveryTag, false); err != nil {
+			c.log.Warn("ack of a dead-lettered message failed; it is decided again (idempotent)", "message_id", d.MessageId, "err", err)
+			return
+		}
+	}
+}
+
+// decideDead decides one dead-lettered message; false when ctx ended first.
+func (c *Consumer) decideDead(ctx context.Context, d amqp.Delivery) bool {
+	reason, _ := d.Headers[broker.DeadReasonHeader].(string)
+	if d.Type == ordermsg.MarkerType {
+		// A backend sends the sale's marker again while it still recovers.
+		c.log.Warn("drain marker dead-lettered; dropped", "message_id", d.MessageId, "reason", reason)
+		return true
+	}
+	o, err := ordermsg.Decode(d.Body)
+	if err != nil {
+		c.log.Error("dead-lettered message is no order; dropped", "message_id", d.MessageId, "reason", reason,
+			"err", err, "body", truncate(string(d.Body), 512))
+		return true
+	}
+	out, err := c.fail(ctx, o, ReasonDeadLettered)
+	switch {
+	case errors.Is(err, errPermanent):
+		// MySQL refuses even the failed row (the worker dead-lettered it
+		// for that and failed it in Redis): Redis alone can release it.
+		out = store.Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity, Reason: ReasonRejected}
+	case err != nil:
+		return false
+	}
+	if !out.Redelivered {
+		c.m.Orders.WithLabelValues(ReasonDeadLettered).Inc()
+	}
+	c.log.Warn("dead-lettered order decided", "order_id", o.OrderID, "confirmed", out.Confirmed, "reason", out.Reason,
+		"dead_letter_reason", reason)
+	c.settle(ctx, &group{activityID: o.ActivityID, outcomes: []store.Outcome{out}})
+	return ctx.Err() == nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 // deadLetter sends a delivery that can never be processed to the dead-letter
