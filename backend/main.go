@@ -158,7 +158,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	log.Info("backend listening", "addr", ln.Addr().String(), "admin_api", adminToken != "")
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(edge.Listener(ln)) }()
 serving:
 	for {
 		select {

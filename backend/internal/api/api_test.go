@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/backend/internal/api"
 	"github.com/seckill/seckill/backend/internal/sale"
@@ -135,7 +136,7 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, l
 	srv := a.Server()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	servicetest.Must(t, err, "listen")
-	go func() { _ = srv.Serve(ln) }()
+	go func() { _ = srv.Serve(a.Listener(ln)) }()
 	t.Cleanup(func() { _ = srv.Shutdown() })
 
 	conn, err := amqp.Dial(servicetest.AMQPURL())
@@ -733,4 +734,43 @@ func TestAdminStockChanges(t *testing.T) {
 	if r := s.put(t, id, 20, 3, start, end); r.status != 200 || r.body["available"] != 15.0 {
 		t.Errorf("raise: %d %s", r.status, r.raw)
 	}
+}
+
+// A connection beyond the backend's bound gets the API's 503 (JSON with a
+// code, Retry-After) instead of fasthttp's text/plain refusal; the
+// connection held still serves.
+func TestConnectionBoundAnswersLikeTheAPI(t *testing.T) {
+	t.Parallel()
+	s := newStackWith(t, time.Second, slog.New(slog.DiscardHandler), func(c *api.Config) { c.MaxConns = 1 })
+	addr := strings.TrimPrefix(s.url, "http://")
+	held, err := net.Dial("tcp", addr)
+	servicetest.Must(t, err, "dial")
+	defer held.Close()
+	hr := bufio.NewReader(held)
+	get := func() {
+		t.Helper()
+		_, err := held.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+		servicetest.Must(t, err, "write")
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseResponse(resp)
+		_ = held.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if err := resp.Read(hr); err != nil || resp.StatusCode() != 200 {
+			t.Fatalf("held connection: %d %v", resp.StatusCode(), err)
+		}
+	}
+	get()
+	c, err := net.Dial("tcp", addr)
+	servicetest.Must(t, err, "dial")
+	defer c.Close()
+	_, _ = c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	servicetest.Must(t, resp.Read(bufio.NewReader(c)), "read the refusal")
+	var body map[string]string
+	if resp.StatusCode() != 503 || string(resp.Header.ContentType()) != "application/json" ||
+		string(resp.Header.Peek("Retry-After")) != "1" || json.Unmarshal(resp.Body(), &body) != nil || body["code"] != "unavailable" {
+		t.Fatalf("refused connection: %d %q Retry-After %q: %s", resp.StatusCode(), resp.Header.ContentType(), resp.Header.Peek("Retry-After"), resp.Body())
+	}
+	get()
 }

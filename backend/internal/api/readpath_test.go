@@ -229,7 +229,7 @@ func (s *stack) secondBackend(t *testing.T, scfg sale.Config) string {
 	srv := a.Server()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	servicetest.Must(t, err, "listen")
-	go func() { _ = srv.Serve(ln) }()
+	go func() { _ = srv.Serve(a.Listener(ln)) }()
 	t.Cleanup(func() { _ = srv.Shutdown() })
 	return "http://" + ln.Addr().String()
 }

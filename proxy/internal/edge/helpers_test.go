@@ -113,7 +113,7 @@ func startProxy(t *testing.T, cfg conf.Config, opts ...Option) *proxyUnderTest {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	servicetest.Must(t, err, "listen")
 	srv := p.Server(log)
-	go func() { _ = srv.Serve(ln) }()
+	go func() { _ = srv.Serve(p.Listener(ln)) }()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Handler.Limiter.Run(ctx); close(done) }()
