@@ -31,7 +31,7 @@ func TestRecoveryLastsUntilTheQueueDrained(t *testing.T) {
 		t.Fatalf("first purchase: %+v %v", queued, err)
 	}
 	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys, k.Recovering).Err(), "lose the sale")
+	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering).Err(), "lose the sale")
 
 	res, err := r.purchase("other", "") // rebuilds the sale, marks it recovering, sends the marker
 	mustUnavailable(t, res, err)

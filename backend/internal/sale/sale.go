@@ -73,6 +73,9 @@ type Service struct {
 	waiters *orderwait.Hub
 	flight  group
 	now     func() time.Time
+	// afterWarm, when set (tests), runs once an admin change's warm has
+	// built the sale anew, before anything else happens.
+	afterWarm func(id int64)
 
 	markersMu sync.Mutex
 	markers   map[int64]markerSent // the last drain marker sent per recovering activity
