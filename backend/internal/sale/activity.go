@@ -21,6 +21,9 @@ type mysqlRow struct {
 	Start, End                time.Time
 	Gen                       int64 // bumped by every admin change
 	Archived                  bool  // Redis holds no per-order state of the sale
+	// Fresh: created by the admin change at hand; no order of it can be in
+	// the queue (not read from MySQL).
+	Fresh bool
 }
 
 const selectActivity = `SELECT total_stock, stock, sold, per_user_limit, starts_at, ends_at, generation, archived_at IS NOT NULL
@@ -68,7 +71,7 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold,
 		CreateOnly: createOnly, Gen: a.Gen}
 	if !createOnly {
-		if err := s.restoreIfBuilt(ctx, id, a.Gen); err != nil {
+		if err := s.restoreIfBuilt(ctx, id, a); err != nil {
 			return "", reservation.Sale{}, err
 		}
 	}
@@ -101,8 +104,11 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 // summary of an archive older than gen (warm.lua reopens it). The caller
 // holds the activity's row lock, so no other admin change or archive moves
 // the sale meanwhile; a rebuild that builds it first finds the same orders
-// (what Redis holds wins, see lua/restore.lua).
-func (s *Service) restoreIfBuilt(ctx context.Context, id, gen int64) error {
+// (what Redis holds wins, see lua/restore.lua). A live sale Redis lost
+// (not a reopened archive, not one this change creates) may have orders in
+// the queue: it recovers like a rebuild does, until its drain marker passes.
+func (s *Service) restoreIfBuilt(ctx context.Context, id int64, a mysqlRow) error {
+	gen := a.Gen
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 	cur, found, err := s.store.Sale(rctx, id)
 	cancel()
@@ -112,9 +118,14 @@ func (s *Service) restoreIfBuilt(ctx context.Context, id, gen int64) error {
 	if found && !(cur.Archived && cur.Gen < gen) {
 		return nil
 	}
+	window := time.Duration(0)
+	if !found && !a.Fresh {
+		window = s.cfg.RecoveryMax
+	}
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	_, err = salesdb.Restore(qctx, s.db, s.store, id, 0)
+	token, err := salesdb.Restore(qctx, s.db, s.store, id, window)
+	s.sendMarker(id, token)
 	return err
 }
 
@@ -421,6 +432,7 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 		if err = tx.Commit(); err != nil {
 			return false, err
 		}
+		next.Fresh = true
 		return true, s.warmAfterCommit(ctx, id, next)
 	}
 	next.Sold = old.Sold
@@ -472,7 +484,7 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 // from the row as it is now, read under its lock: a later change of the same
 // activity (which takes that lock too) may have committed meanwhile, and an
 // older value must never overwrite what it wrote to Redis.
-func (s *Service) warmAfterCommit(ctx context.Context, id int64, _ mysqlRow) error {
+func (s *Service) warmAfterCommit(ctx context.Context, id int64, next mysqlRow) error {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	tx, err := s.db.BeginTx(qctx, nil)
@@ -484,6 +496,7 @@ func (s *Service) warmAfterCommit(ctx context.Context, id int64, _ mysqlRow) err
 	if err != nil || !found {
 		return fmt.Errorf("%w: saved in MySQL, Redis not updated (repeat the request): re-read: found=%v %v", ErrUnavailable, found, err)
 	}
+	cur.Fresh = next.Fresh
 	out, rs, err := s.warm(ctx, id, cur, false)
 	if err != nil {
 		return fmt.Errorf("%w: saved in MySQL, Redis not updated (repeat the request): %v", ErrUnavailable, err)

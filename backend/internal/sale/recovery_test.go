@@ -97,3 +97,33 @@ func TestRecoveryLastsUntilTheQueueDrained(t *testing.T) {
 		t.Errorf("sale after the drain %+v, want sold 1 (the queued order) and pending 1", s)
 	}
 }
+
+// An admin change that finds the sale lost by Redis builds it like a
+// rebuild does: recovering, with its drain marker sent. A retry of the key
+// of an order still in the queue gets 503, never a second order id, and
+// nothing new is reserved until the marker passes.
+func TestAdminChangeAfterRedisLossRecovers(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	ctx := context.Background()
+	queued, err := r.purchase("lossy", "k")
+	if err != nil || queued.Outcome != sale.Accepted {
+		t.Fatalf("first purchase: %+v %v", queued, err)
+	}
+	k := r.direct.Keys(act)
+	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering).Err(), "lose the sale")
+	_, _, err = r.svc.PutActivity(ctx, act, sale.Spec{Stock: 20, PerUserLimit: 2,
+		StartsAt: time.Now().Add(-time.Hour), EndsAt: time.Now().Add(time.Hour)})
+	servicetest.Must(t, err, "raise the stock")
+	res, err := r.purchase("lossy", "k")
+	mustUnavailable(t, res, err)
+	res, err = r.purchase("fresh", "")
+	mustUnavailable(t, res, err)
+	token, err := r.direct.Recovery(ctx, act)
+	if err != nil || token == "" {
+		t.Fatalf("recovery token %q %v after the admin change rebuilt the lost sale", token, err)
+	}
+	if s := r.sale(t); s.Total != 20 || s.Pending != 0 {
+		t.Errorf("rebuilt sale %+v", s)
+	}
+}
