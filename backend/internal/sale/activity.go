@@ -21,8 +21,9 @@ type mysqlRow struct {
 	Start, End                time.Time
 	Gen                       int64 // bumped by every admin change
 	Archived                  bool  // Redis holds no per-order state of the sale
-	// Fresh: created by the admin change at hand; no order of it can be in
-	// the queue (not read from MySQL).
+	// Fresh: nothing of the sale can be in the queue — the admin change at
+	// hand creates it, or reopens it from an archive (archived only once
+	// every order was settled). Not read from MySQL.
 	Fresh bool
 }
 
@@ -436,6 +437,7 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 		return true, s.warmAfterCommit(ctx, id, next)
 	}
 	next.Sold = old.Sold
+	next.Fresh = old.Archived
 	if spec.Stock < old.Sold {
 		return false, fmt.Errorf("%w: stock %d is below the %d units MySQL has sold", ErrConflict, spec.Stock, old.Sold)
 	}
