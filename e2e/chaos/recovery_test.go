@@ -80,5 +80,5 @@ func TestRedisLossWhileWorkersAway(t *testing.T) {
 			t.Errorf("%s (new) after the drain: %v", a.User, a.Answers)
 		}
 	}
-	finish(t, s, "redis loss with the workers away", sale, c)
+	s.Finish(t, "redis loss with the workers away", sale, c)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/seckill/seckill/backend/internal/sale"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
@@ -98,7 +99,7 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, l
 		cfg.MySQL.DSN = servicetest.MySQLDSN(t)
 	}
 	cfg.RabbitMQ.URL = servicetest.AMQPURL()
-	cfg.RabbitMQ.Prefix = servicetest.AMQPPrefix(t, []string{".orders", ".orders.dead"}, []string{".orders", ".orders.dlx"})
+	cfg.RabbitMQ.Prefix = brokertest.Prefix(t)
 	ctx := context.Background()
 	servicetest.Must(t, lua.Preload(ctx, rdb), "preload")
 	db, err := schema.Open(ctx, cfg.MySQL)
@@ -133,18 +134,14 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, l
 		{Name: "mysql", Fn: db.PingContext},
 		{Name: "rabbitmq", Fn: func(context.Context) error { return real.Ready() }},
 	}, reg, log, api.NewMetrics(reg))
-	srv := a.Server()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	go func() { _ = srv.Serve(a.Listener(ln)) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
+	addr := servicetest.Serve(t, a.Server(), a.Listener)
 
 	conn, err := amqp.Dial(servicetest.AMQPURL())
 	servicetest.Must(t, err, "dial")
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	servicetest.Must(t, err, "channel")
-	return &stack{url: "http://" + ln.Addr().String(), rdb: rdb, store: store, db: db,
+	return &stack{url: "http://" + addr, rdb: rdb, store: store, db: db,
 		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, api: a, svc: svc}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/seckill/seckill/backend/internal/sale"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/faultnet"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
@@ -70,7 +71,7 @@ func newRigWith(t *testing.T, tune func(*sale.Config)) *rig {
 	cfg := conf.Default()
 	cfg.MySQL.DSN = servicetest.MySQLDSN(t)
 	cfg.RabbitMQ.URL = servicetest.AMQPURL()
-	cfg.RabbitMQ.Prefix = servicetest.AMQPPrefix(t, []string{".orders", ".orders.dead"}, []string{".orders", ".orders.dlx"})
+	cfg.RabbitMQ.Prefix = brokertest.Prefix(t)
 	db, err := schema.Open(ctx, cfg.MySQL)
 	servicetest.Must(t, err, "schema")
 	t.Cleanup(func() { _ = db.Close() })
