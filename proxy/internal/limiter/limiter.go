@@ -16,6 +16,9 @@
 //   - a negative cache answers a window that Redis reported full until the
 //     moment its next slot frees, and only that window: a local slot is
 //     spent first, and another window's fullness never refuses a request.
+//   - a window found full while slots of it are held by requests of this
+//     instance still being decided is not full yet: the request puts back
+//     what it holds and waits for them (waitSettled).
 //
 // While Redis is slow or down (per-call timeout, circuit breaker) each rule
 // does what its on_redis_error says; see Mode.
@@ -434,6 +437,7 @@ func (l *Limiter) Check(rs *Rules, req Request, d *Decision) {
 	if shadowRan {
 		if ok {
 			l.recordShadow(d, shadowOK)
+			l.spend(d.sentries)
 		} else if shadowOK {
 			l.settle(d.sentries, false)
 		}
@@ -467,6 +471,7 @@ func (l *Limiter) pass(rs *Rules, d *Decision, es []entry, shadow bool) (admitte
 		l.recordLimited(d, es, retry)
 		return false, err == nil
 	}
+	l.spend(es)
 	l.recordAdmitted(d, es)
 	return true, err == nil
 }
@@ -579,9 +584,11 @@ var errTimeout = errors.New("limiter: redis timeout passed before a decision")
 
 // evaluate decides the entries: local slots first, then the negative cache,
 // then a refill shared with concurrent requests. A refusal names only full
-// windows. The request is admitted only once every window holds a slot that
-// is still valid at that moment (recheck). On an error nothing is decided:
-// the slots stay held for settle.
+// windows: a window that looks full while slots of it are held by undecided
+// requests of this instance is not full yet, and the request waits for them
+// (waitSettled). The request is admitted only once every window holds a slot
+// that is still valid at that moment (recheck). On an error nothing is
+// decided: the slots stay held for settle.
 func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 	for i := range es {
 		e := &es[i]
@@ -589,10 +596,11 @@ func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 	}
 	deadline := mono(time.Now()) + int64(l.timeout)
 	called := false
+	ordered := false       // after a wait for held slots: take local slots in entry order
 	var long time.Duration // after a round too slow for its slots: their time at least this
 	for {
 		m := mono(time.Now())
-		missing, retry := l.takeLocal(es, m)
+		missing, retry, held := l.takeLocal(es, m, ordered)
 		if missing == 0 {
 			if l.recheck(es) {
 				if !called {
@@ -608,6 +616,13 @@ func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 			l.putBack(es)
 			return false, retry, nil
 		}
+		if held.st != nil {
+			if err := l.waitSettled(es, held, deadline); err != nil {
+				return false, 0, err
+			}
+			ordered = true
+			continue
+		}
 		if m >= deadline {
 			l.releaseClaims(es)
 			l.uncount(es)
@@ -621,37 +636,85 @@ func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 			continue
 		}
 		called = true
-		if done, ok, retry, err := l.refillAndDecide(rs, es, deadline, &long); done {
+		if done, ok, retry, err := l.refillAndDecide(rs, es, deadline, &long, &ordered); done {
 			return ok, retry, err
 		}
 	}
 }
 
+// heldBy names a window that looks full while slots of it are held by
+// undecided requests of this instance, the generation of its decided slots
+// when that was seen, and when its negative answer ends (state.awaitSettled).
+type heldBy struct {
+	st    *state
+	gen   uint32
+	until int64
+}
+
+// isHeld reports whether st's missing slots may be held by undecided
+// requests; the generation is read first, so a slot decided meanwhile
+// ends the wait at once. st.mu held.
+func isHeld(st *state) (heldBy, bool) {
+	gen := st.settled.Load()
+	return heldBy{st, gen, st.deniedUntil.Load()}, st.held.Load() > 0
+}
+
 // takeLocal takes a leased slot for every entry that has none yet; it
 // returns how many still lack one and, when some of those are full per the
-// negative cache, the time until the last of them frees.
-func (l *Limiter) takeLocal(es []entry, m int64) (missing int, retry time.Duration) {
+// negative cache, the time until the last of them frees — or, when those
+// full windows have slots held by undecided requests, one such window.
+// ordered: stop taking at the first entry that lacks a slot (so two requests
+// that waited cannot each hold a slot of the other's missing window again).
+func (l *Limiter) takeLocal(es []entry, m int64, ordered bool) (missing int, retry time.Duration, held heldBy) {
 	for i := range es {
 		e := &es[i]
 		if e.took {
 			continue
 		}
+		e.violated = false
+		if ordered && missing > 0 {
+			missing++
+			continue
+		}
 		e.st.mu.Lock()
 		if sl, ok := e.st.take(m, &l.outstanding); ok {
-			e.took, e.sl, e.violated = true, sl, false
+			e.took, e.sl = true, sl
 		} else {
 			missing++
 			// Slots waiting to be given back make the negative answer
 			// stale: the call that gives them back decides.
 			if until := e.st.deniedUntil.Load(); m < until && len(e.st.back) == 0 {
-				e.violated = true
-				retry = max(retry, time.Duration(max(until, e.st.retryAt)-m))
+				if h, ok := isHeld(e.st); ok {
+					if held.st == nil {
+						held = h
+					}
+				} else {
+					e.violated = true
+					retry = max(retry, time.Duration(max(until, e.st.retryAt)-m))
+				}
 			}
 		}
 		e.snap()
 		e.st.mu.Unlock()
 	}
-	return missing, retry
+	return missing, retry, held
+}
+
+// waitSettled: a window the request needs looks full, but slots of it are
+// held by undecided requests of this instance, which may put them back. The
+// request first gives up every slot and claim it holds — two requests each
+// holding a slot of the other's missing window must not wait for each other
+// — then waits until one of those slots is decided (or the window's
+// negative answer ends: a refusal would not be the answer past it either),
+// or its deadline.
+func (l *Limiter) waitSettled(es []entry, h heldBy, deadline int64) error {
+	l.releaseClaims(es)
+	l.putBack(es)
+	if !h.st.awaitSettled(h.gen, h.until, deadline) {
+		l.uncount(es)
+		return errTimeout
+	}
+	return nil
 }
 
 // recheck is the admission moment: it admits (and stamps) the request if
@@ -685,6 +748,7 @@ func (l *Limiter) recheck(es []entry) bool {
 		}
 		e.st.mu.Lock()
 		e.st.giveBack(span{e.sl.seq, e.sl.idx, e.sl.j, e.sl.j}, nil)
+		e.st.decided(true)
 		e.snap()
 		e.st.mu.Unlock()
 		e.took, e.decisive = false, false
@@ -709,9 +773,21 @@ func (l *Limiter) putBack(es []entry) {
 		} else {
 			e.st.putBack(e.sl, m, &l.outstanding)
 		}
+		e.st.decided(true)
 		e.snap()
 		e.st.mu.Unlock()
 		e.took, e.decisive = false, false
+	}
+}
+
+// spend ends the holding of the slots of an admitted request: they are
+// spent.
+func (l *Limiter) spend(es []entry) {
+	for i := range es {
+		if e := &es[i]; e.took {
+			e.st.decided(false)
+			e.took, e.decisive = false, false
+		}
 	}
 }
 
@@ -720,10 +796,13 @@ func (l *Limiter) putBack(es []entry) {
 // have written for it stays in the log (the request did happen); if it
 // refused, they all go back.
 func (l *Limiter) settle(es []entry, admitted bool) {
+	if admitted {
+		l.spend(es)
+	}
 	for i := range es {
 		e := &es[i]
 		if admitted {
-			e.took, e.decisive, e.lost = false, false, false
+			e.lost = false
 			continue
 		}
 		if e.lost {
@@ -892,7 +971,7 @@ type callResult struct {
 //
 // long: when the round took longer than the slots it held stay valid, the
 // next round's slots are given at least twice its duration.
-func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *time.Duration) (done, allowed bool, retry time.Duration, err error) {
+func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *time.Duration, ordered *bool) (done, allowed bool, retry time.Duration, err error) {
 	calls := l.prepare(rs, es)
 	for i := range calls {
 		calls[i].first = len(calls) > 1
@@ -914,8 +993,10 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 		return true, false, 0, err
 	}
 	// A window found full: a concurrent call may have left a slot meanwhile
-	// (its waiters' slots, or a lease).
+	// (its waiters' slots, or a lease); and it is not full yet while slots
+	// of it are held by undecided requests of this instance.
 	full := false
+	var held heldBy
 	for i := range es {
 		e := &es[i]
 		if e.took || !e.violated {
@@ -924,6 +1005,11 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 		e.st.mu.Lock()
 		if sl, ok := e.st.take(m, &l.outstanding); ok {
 			e.took, e.sl, e.violated = true, sl, false
+		} else if h, ok := isHeld(e.st); ok {
+			e.violated = false
+			if held.st == nil {
+				held = h
+			}
 		} else {
 			full = true
 			retry = max(retry, e.retry)
@@ -934,6 +1020,13 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 	if full {
 		l.putBack(es)
 		return true, false, max(retry, time.Millisecond), nil
+	}
+	if held.st != nil {
+		if err := l.waitSettled(es, held, deadline); err != nil {
+			return true, false, 0, err
+		}
+		*ordered = true
+		return false, false, 0, nil
 	}
 	for i := range es {
 		if !es[i].took {
@@ -1311,6 +1404,7 @@ func (l *Limiter) apply(c *call, cw *callWindow, m int64) {
 			if g.granted > 0 {
 				l.m.leaseSize.Observe(float64(g.granted))
 				e.took, e.violated = true, false
+				st.held.Add(1)
 				// Slot 1 scored at the call's time is valid as this call's
 				// decision only; scored at now+short it is valid that long.
 				e.decisive = !c.first

@@ -287,8 +287,9 @@ func (t *table) get(client []byte, now time.Time) *state {
 	return st
 }
 
-// sweep drops states idle for longer than idle that hold nothing: no slots,
-// nothing to give back, no refill in flight, no negative answer.
+// sweep drops states idle for longer than idle that hold nothing: no slots
+// (leased or held by a request), nothing to give back, no refill in flight,
+// no negative answer, no request waiting.
 func (t *table) sweep(now time.Time, idle time.Duration) (dropped int) {
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -297,7 +298,7 @@ func (t *table) sweep(now time.Time, idle time.Duration) (dropped int) {
 			st.mu.Lock()
 			m := mono(now)
 			old := m-st.lastUse.Load() > int64(idle) && m > st.deniedUntil.Load() && st.refill == nil &&
-				len(st.batches) == 0 && len(st.back) == 0
+				len(st.batches) == 0 && len(st.back) == 0 && st.held.Load() == 0 && st.waiting.Load() == 0
 			st.mu.Unlock()
 			if old {
 				delete(sh.m, k)
