@@ -390,4 +390,6 @@ func RegisterGauges(reg prometheus.Registerer, l *limiter.Limiter) {
 		return 0
 	})
 	gauge("seckill_proxy_live_instances", "Live proxy instances as last seen in Redis.", func() float64 { return float64(l.Live()) })
+	gauge("seckill_proxy_client_states", "Per-client window states in memory (all rules; each rule keeps at most max_client_states).",
+		func() float64 { return float64(l.ClientStates()) })
 }

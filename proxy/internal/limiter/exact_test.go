@@ -138,7 +138,7 @@ func TestHeldLeaseNotSpentAfterScore(t *testing.T) {
 		}
 		chk(l, rs, fmt.Sprint("Y", i))
 	}
-	xs := rs.list[0].clients.get([]byte("a:X"), time.Now())
+	xs := rs.list[0].clients.lookup([]byte("a:X"))
 	xs.mu.Lock()
 	held := slotsOf(xs)
 	xs.mu.Unlock()
@@ -583,7 +583,7 @@ func TestRefusalWaitsForHeldSlot(t *testing.T) {
 	if d := check("/x"); d.Outcome != Admit {
 		t.Fatalf("R1: %v %v", d.Outcome, d.Violated)
 	}
-	all := rs.list[0].clients.get([]byte("a:X"), time.Now())
+	all := rs.list[0].clients.lookup([]byte("a:X"))
 	all.mu.Lock()
 	leased := slotsOf(all)
 	all.mu.Unlock()
@@ -722,5 +722,67 @@ func TestTwoRulesBurstNamesFullWindow(t *testing.T) {
 			t.Fatalf("round %d: admitted %d, limited %d, unavailable %d; refusals naming other than [api-ip]: %v",
 				round, out[Admit], out[Limited], out[Unavailable], bad)
 		}
+	}
+}
+
+// The per-client table never evicts a state a request is using: X's
+// request waits in its call (held in the hook) while a flood of new clients
+// fills a table of 64; X's state stays, and once admitted X's lease is
+// accounted (evicted later, given back).
+func TestEvictionSparesStatesInUse(t *testing.T) {
+	rdb, prefix := hookedRedis(t)
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
+		if argsContain(args, "{rl:a:X}") && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+		return 0
+	}})
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{{Name: "r", PathPrefix: "/", OnRedisError: "closed",
+		PerIP: &conf.Window{Limit: 5, Window: conf.D(10 * time.Second)}}}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 5 * time.Second, Instance: "A", Metrics: m, MaxClientStates: 64})
+	l.SetRules(rs)
+	tab := rs.list[0].clients
+	armed.Store(true)
+	xDone := make(chan Decision)
+	go func() { xDone <- chk(l, rs, "X") }()
+	<-entered
+	stX := tab.lookup([]byte("a:X"))
+	if stX == nil {
+		t.Fatal("X has no state while its request is in flight")
+	}
+	for i := range 2000 {
+		if d := chk(l, rs, fmt.Sprint("f", i)); d.Outcome != Admit {
+			t.Fatalf("flood client %d: %v", i, d.Outcome)
+		}
+	}
+	if got := tab.lookup([]byte("a:X")); got != stX {
+		t.Errorf("X's state was evicted while its request used it (now %p, was %p)", got, stX)
+	}
+	if n := tab.n.Load(); n > 64+1 {
+		t.Errorf("%d states, bound 64 (+1 in flight)", n)
+	}
+	close(release)
+	if d := <-xDone; d.Outcome != Admit {
+		t.Fatalf("X: %v %v", d.Outcome, d.Violated)
+	}
+	for i := range 2000 { // X idle now: evicted by the flood
+		chk(l, rs, fmt.Sprint("g", i))
+	}
+	if tab.lookup([]byte("a:X")) != nil {
+		t.Error("X's idle state was never evicted")
+	}
+	held := 0
+	tab.each(func(_ string, st *state) { st.mu.Lock(); held += slotsOf(st); st.mu.Unlock() })
+	if int64(held) != l.Outstanding() {
+		t.Errorf("%d leased slots outstanding, the table's states hold %d", l.Outstanding(), held)
+	}
+	l.Sweep(time.Now())
+	if n := rdb.ZCard(context.Background(), rs.Key(rs.list[0].Windows[0], []byte("a:X"))).Val(); n != 1 {
+		t.Errorf("X's log holds %d after its eviction and the sweep, want 1 (its lease given back)", n)
 	}
 }

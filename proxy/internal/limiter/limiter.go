@@ -61,6 +61,7 @@ type Metrics struct {
 	ok, fail, skipped   prometheus.Counter
 	leaseHit, deniedHit prometheus.Counter
 	returned            prometheus.Counter
+	evicted             counterRef
 	decided             atomic.Uint64 // decisions that needed the limiter (for calls per decision)
 	called              atomic.Uint64 // script calls
 }
@@ -85,7 +86,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	hits := f("seckill_proxy_local_cache_hits_total", "Windows decided without Redis: from a leased slot or the negative cache.", "kind")
 	returned := prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_lease_returned_slots_total",
 		Help: "Leased slots not spent in time and given back to their window (the limiter's under-admission)."})
-	reg.MustRegister(m.latency, m.leaseSize, returned)
+	evicted := prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_client_states_evicted_total",
+		Help: "Per-client window states dropped to keep the table within max_client_states (their leased slots given back)."})
+	reg.MustRegister(m.latency, m.leaseSize, returned, evicted)
+	m.evicted = counterRef{evicted}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "seckill_proxy_redis_calls_per_decision",
 		Help: "Limiter script calls per decision since start."}, func() float64 {
 		if d := m.decided.Load(); d > 0 {
@@ -116,8 +120,11 @@ type Config struct {
 	KeyPrefix string        // [redis] key_prefix
 	Timeout   time.Duration // bound of one Redis round trip
 	Instance  string        // unique id of this proxy instance
-	Metrics   *Metrics
-	Log       *slog.Logger
+	// MaxClientStates bounds the per-client window states one rule keeps in
+	// memory ([proxy] max_client_states; 0: no bound).
+	MaxClientStates int
+	Metrics         *Metrics
+	Log             *slog.Logger
 	// Trace, if set, is called for every window of every request admitted
 	// by Redis (not by on_redis_error) with the window's client key ("" for
 	// a global window) and the admission moment in Redis µs: the time of the
@@ -130,6 +137,7 @@ type Config struct {
 type Limiter struct {
 	rdb       redis.Cmdable
 	timeout   time.Duration
+	maxStates atomic.Int64 // Config.MaxClientStates
 	rtt       atomic.Int64 // smoothed round-trip time to Redis, ns
 	id        string
 	instances string // key of the live-instance set
@@ -166,6 +174,7 @@ func New(c Config) *Limiter {
 	}
 	l := &Limiter{rdb: c.Redis, timeout: c.Timeout, id: c.Instance, m: c.Metrics, log: c.Log, trace: c.Trace,
 		instances: c.KeyPrefix + "{rl}:instances"}
+	l.maxStates.Store(int64(c.MaxClientStates))
 	l.live.Store(1)
 	l.br.init()
 	l.batch.queue = make(chan *job, maxQueued)
@@ -177,6 +186,26 @@ func (l *Limiter) Live() int { return int(max(1, l.live.Load())) }
 
 // Outstanding is the number of leased slots held locally and not yet spent.
 func (l *Limiter) Outstanding() int64 { return l.outstanding.Load() }
+
+// SetMaxClientStates changes Config.MaxClientStates (a reload); tables
+// above the new bound shrink as new clients come.
+func (l *Limiter) SetMaxClientStates(n int) { l.maxStates.Store(int64(n)) }
+
+// ClientStates is the number of per-client window states of the current rules.
+func (l *Limiter) ClientStates() int64 {
+	l.mu.Lock()
+	rs := l.rules
+	l.mu.Unlock()
+	var n int64
+	if rs != nil {
+		for _, r := range rs.list {
+			if r.clients != nil {
+				n += r.clients.n.Load()
+			}
+		}
+	}
+	return n
+}
 
 // Degraded reports whether the circuit breaker keeps Redis out of the path.
 func (l *Limiter) Degraded() bool { return l.br.isOpen() }
@@ -266,9 +295,17 @@ func (l *Limiter) Sweep(now time.Time) {
 }
 
 // giveBack returns to Redis the slots of rs's leases that expired by m (mono
-// ns), one call per key holding some, pipelined.
+// ns), and those of evicted states, one call per key holding some,
+// pipelined.
 func (l *Limiter) giveBack(rs *Rules, m int64) {
 	var calls []call
+	// per call: the table and client of an evicted state's give-back, or
+	// the zero value
+	type from struct {
+		t      *table
+		client string
+	}
+	var orphans []from
 	collect := func(rs *Rules, w *Window, client string, st *state) {
 		st.mu.Lock()
 		st.expireAll(m, &l.outstanding)
@@ -278,6 +315,7 @@ func (l *Limiter) giveBack(rs *Rules, m int64) {
 			c.wins = []callWindow{{w: w, st: st, back: st.back}}
 			st.back = nil
 			calls = append(calls, c)
+			orphans = append(orphans, from{})
 		}
 		st.mu.Unlock()
 	}
@@ -285,21 +323,31 @@ func (l *Limiter) giveBack(rs *Rules, m int64) {
 		for _, w := range r.Windows {
 			if w.Kind == Global {
 				collect(rs, w, "", r.global)
-			} else {
-				r.clients.each(func(client string, st *state) { collect(rs, w, client, st) })
+				continue
+			}
+			r.clients.each(func(client string, st *state) { collect(rs, w, client, st) })
+			for _, o := range r.clients.takeOrphans() {
+				// The state is gone: a stand-in carries the spans.
+				calls = append(calls, call{tag: w.Policy + "\x00" + o.client, keys: []string{rs.Key(w, []byte(o.client))},
+					wins: []callWindow{{w: w, st: newState(), back: o.back}}})
+				orphans = append(orphans, from{r.clients, o.client})
 			}
 		}
 	}
 	for len(calls) > 0 {
 		// Bounded pipelines, so that each round trip fits the timeout.
 		n := min(len(calls), 256)
-		batch := calls[:n]
-		calls = calls[n:]
+		batch, of := calls[:n], orphans[:n]
+		calls, orphans = calls[n:], orphans[n:]
 		l.run(batch, mono(time.Now())+int64(l.timeout))
 		for i := range batch {
 			c := &batch[i]
 			if c.err != nil { // keep them for the next call or sweep (ZREM is idempotent)
 				cw := &c.wins[0]
+				if o := of[i]; o.t != nil {
+					o.t.keepOrphan(orphan{o.client, cw.back})
+					continue
+				}
 				cw.st.mu.Lock()
 				cw.st.back = append(cw.st.back, cw.back...)
 				cw.st.mu.Unlock()
@@ -450,6 +498,17 @@ func (l *Limiter) Check(rs *Rules, req Request, d *Decision) {
 			l.traceAdmit(d.sentries)
 		}
 	}
+	releaseAll(d.sentries)
+	releaseAll(d.entries)
+}
+
+// releaseAll ends the request's use of its per-client states (table.get).
+func releaseAll(es []entry) {
+	for i := range es {
+		if es[i].w.Kind == PerIP {
+			release(es[i].st)
+		}
+	}
 }
 
 // pass decides the enforced (or the shadow) entries es; it reports whether
@@ -490,7 +549,7 @@ func (l *Limiter) collect(req Request, d *Decision, dst *[]entry, shadow bool, n
 				start := len(d.keys)
 				d.keys = appendClientKey(d.keys, w, req)
 				e.key = d.keys[start:len(d.keys):len(d.keys)]
-				e.st = r.clients.get(e.key, now)
+				e.st = r.clients.get(e.key, now, int(l.maxStates.Load()), &l.outstanding, l.m.evicted)
 			}
 			es = append(es, e)
 		}

@@ -2,11 +2,15 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"time"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/servicetest"
@@ -260,5 +264,96 @@ func TestLeaseGiveBack(t *testing.T) {
 	l.SetRules(rs2)
 	if out, n := l.Outstanding(), rdb.ZCard(ctx, key).Val(); out != 0 || n != int64(admitted) {
 		t.Fatalf("after a reload: outstanding %d, log %d, want 0 and %d", out, n, admitted)
+	}
+}
+
+// A flood of distinct client keys keeps the per-client table within
+// MaxClientStates (plus the requests in flight); evicted clients' leased
+// slots are given back by the sweeper, and an evicted client's window stays
+// exact (Redis holds its log).
+func TestClientStatesBounded(t *testing.T) {
+	rdb, prefix := servicetest.Redis(t)
+	const L, W, max, flood = 5, 10 * time.Second, 640, 5000
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{{Name: "r", PathPrefix: "/", OnRedisError: "closed",
+		PerIP: &conf.Window{Limit: L, Window: conf.D(W)}}}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 2 * time.Second, Instance: "A", Metrics: m, MaxClientStates: max})
+	l.SetRules(rs)
+	tab := rs.list[0].clients
+	const workers = 8
+	var peak atomic.Int64
+	var wg sync.WaitGroup
+	for g := range workers {
+		wg.Go(func() {
+			for i := g; i < flood; i += workers {
+				var d Decision
+				l.Check(rs, Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(fmt.Sprint("c", i))}, &d)
+				if d.Outcome != Admit {
+					t.Errorf("client c%d: first request %v", i, d.Outcome)
+					return
+				}
+				if n := tab.n.Load(); n > peak.Load() {
+					peak.Store(n)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var pm dto.Metric
+	servicetest.Must(t, m.evicted.c.Write(&pm), "read counter")
+	evicted := pm.GetCounter().GetValue()
+	t.Logf("%d clients: %d states held (peak %d, bound %d), %v evicted, %d leased slots outstanding",
+		flood, l.ClientStates(), peak.Load(), max, evicted, l.Outstanding())
+	if p := peak.Load(); p > max+workers {
+		t.Fatalf("the table grew to %d states, bound %d (+%d in flight)", p, max, workers)
+	}
+	if n := l.ClientStates(); n > max {
+		t.Fatalf("%d states after the flood, bound %d", n, max)
+	}
+	if evicted < flood-max-workers {
+		t.Fatalf("%v evicted, want at least %d", evicted, flood-max-workers)
+	}
+	// Outstanding slots are exactly those the table's states still lease.
+	held := 0
+	tab.each(func(_ string, st *state) { st.mu.Lock(); held += slotsOf(st); st.mu.Unlock() })
+	if int64(held) != l.Outstanding() {
+		t.Fatalf("%d leased slots outstanding, the table's states hold %d (evicted leases not given up)", l.Outstanding(), held)
+	}
+	// The sweeper gives the evicted clients' leased slots back: each
+	// evicted client's log holds just its one request.
+	l.Sweep(time.Now())
+	ctx := context.Background()
+	checked := 0
+	for i := 0; i < flood && checked < 50; i++ {
+		c := fmt.Sprint("c", i)
+		if tab.lookup([]byte("a:"+c)) != nil {
+			continue
+		}
+		checked++
+		if n := rdb.ZCard(ctx, rs.Key(rs.list[0].Windows[0], []byte("a:"+c))).Val(); n != 1 {
+			t.Fatalf("evicted client %s: its log holds %d members after the sweep, want 1 (its request; the lease given back)", c, n)
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no evicted client found")
+	}
+	// An evicted client's window is still exact: L-1 more of 3L.
+	var c string
+	for i := 0; ; i++ {
+		if c = fmt.Sprint("c", i); tab.lookup([]byte("a:"+c)) == nil {
+			break
+		}
+	}
+	admitted := 0
+	for range 3 * L {
+		var d Decision
+		l.Check(rs, Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(c)}, &d)
+		if d.Outcome == Admit {
+			admitted++
+		}
+	}
+	if admitted != L-1 {
+		t.Fatalf("evicted client %s: %d more admitted, want %d (limit %d, one spent before eviction)", c, admitted, L-1, L)
 	}
 }

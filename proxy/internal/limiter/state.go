@@ -30,6 +30,7 @@ type state struct {
 	remaining   int          // free slots after the last call
 	resetAt     time.Time    // when the next slot frees, as of the last call
 	lastUse     atomic.Int64 // mono ns; stored under (at least) the table shard's read lock
+	users       atomic.Int32 // requests between table.get and the end of their Check
 
 	// Slots of this window taken by requests of this instance that are not
 	// decided yet: each is spent or put back soon. A window Redis reports
