@@ -70,7 +70,9 @@ type Window struct {
 	Window Duration `toml:"window"`
 	// Key is what a per_ip window counts by: "ip" (default: the client
 	// address), "header:<Name>" or "cookie:<Name>"; a request without that
-	// header or cookie is counted by its address. Global windows have none.
+	// header or cookie is counted by its address, and so is one whose value
+	// neither a trusted peer nor the JWT identity vouches for. Global
+	// windows have none.
 	Key string `toml:"key"`
 }
 

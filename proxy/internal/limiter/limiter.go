@@ -25,6 +25,7 @@
 package limiter
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -401,6 +402,42 @@ type Request struct {
 	Method, Path []byte
 	Addr         []byte // the client address key (identity)
 	Header       Header // nil: keyed windows count by address
+	// A keyed window counts by its header or cookie only when someone
+	// vouches for the value — otherwise a client would make up a new one
+	// per request — and by Addr else: Trusted, the peer is a trusted proxy
+	// (it vouches for what it forwards); or Verified covers the window.
+	Trusted  bool
+	Verified *Verified
+}
+
+// Verified names the headers and cookies whose values the proxy itself
+// verified on a request: the X-User-ID it set from a valid JWT, and the
+// header or cookie that carried that token. Built once per identity
+// configuration; nil: nothing verified.
+type Verified struct {
+	Headers [][]byte // any case
+	Cookies [][]byte
+}
+
+// covers reports whether w reads a value v vouches for.
+func (v *Verified) covers(w *Window) bool {
+	if v == nil {
+		return false
+	}
+	if w.Source == FromCookie {
+		for _, n := range v.Cookies {
+			if bytes.Equal(n, w.Name) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, n := range v.Headers {
+		if bytes.EqualFold(n, w.Name) {
+			return true
+		}
+	}
+	return false
 }
 
 // Decision is the verdict on one request. Reuse one per request (Reset) to

@@ -93,7 +93,7 @@ func TestHotPathAllocs(t *testing.T) {
 	servicetest.Must(t, err, "compile")
 	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: time.Second, Instance: "allocs", Metrics: m})
 	h := &fakeHeader{name: []byte("X-User-ID"), value: []byte("user-1"), cookie: []byte("session"), cvalue: []byte("s-1")}
-	req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte("127.0.0.1"), Header: h}
+	req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte("127.0.0.1"), Header: h, Trusted: true}
 	var d Decision
 	check := func(r Request) Outcome {
 		d.Reset()
@@ -133,8 +133,8 @@ func TestHotPathAllocs(t *testing.T) {
 }
 
 // FuzzClientKey: any header or cookie value yields a bounded key of the
-// expected form, a missing or empty one falls back to the address, and two
-// different values never share a key.
+// expected form, a missing or empty one falls back to the address, and so
+// does one nobody vouches for; two different values never share a key.
 func FuzzClientKey(f *testing.F) {
 	f.Add([]byte("u1"), []byte("u2"), false)
 	f.Add([]byte("1.2.3.4"), []byte(""), true)
@@ -149,9 +149,13 @@ func FuzzClientKey(f *testing.F) {
 		}
 		key := func(v []byte) string {
 			h := &fakeHeader{name: w.Name, value: v, cookie: wc.Name, cvalue: v}
-			return string(appendClientKey(nil, win, Request{Addr: []byte("203.0.113.9"), Header: h}))
+			return string(appendClientKey(nil, win, Request{Addr: []byte("203.0.113.9"), Header: h, Trusted: true}))
 		}
 		k1, k2 := key(v1), key(v2)
+		h := &fakeHeader{name: w.Name, value: v1, cookie: wc.Name, cvalue: v1}
+		if k := string(appendClientKey(nil, win, Request{Addr: []byte("203.0.113.9"), Header: h})); k != "a:203.0.113.9" {
+			t.Fatalf("value %q from an untrusted peer, nothing verified: key %q, want the address", v1, k)
+		}
 		for _, tc := range []struct {
 			v []byte
 			k string
@@ -194,7 +198,7 @@ func TestCallsShareHashTag(t *testing.T) {
 	tags := map[string]bool{}
 	for _, addr := range []string{"192.0.2.1", "192.0.2.2"} {
 		var d Decision
-		req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(addr),
+		req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(addr), Trusted: true,
 			Header: &fakeHeader{name: []byte("X-User-ID"), value: []byte("u-" + addr)}}
 		d.matched = rs.Match(nil, req.Method, req.Path)
 		l.collect(req, &d, &d.entries, false, time.Now())
@@ -356,4 +360,59 @@ func TestClientStatesBounded(t *testing.T) {
 	if admitted != L-1 {
 		t.Fatalf("evicted client %s: %d more admitted, want %d (limit %d, one spent before eviction)", c, admitted, L-1, L)
 	}
+}
+
+// A keyed window counts by its header or cookie only when a trusted peer
+// sent the request or the proxy verified that very header or cookie (the
+// X-User-ID it set from a JWT, or the token's own header or cookie);
+// otherwise by the address.
+func TestKeyNeedsVouching(t *testing.T) {
+	hdr := &Window{Kind: PerIP, Source: FromHeader, Name: []byte("X-User-ID")}
+	auth := &Window{Kind: PerIP, Source: FromHeader, Name: []byte("Authorization")}
+	apiKey := &Window{Kind: PerIP, Source: FromHeader, Name: []byte("X-Api-Key")}
+	sess := &Window{Kind: PerIP, Source: FromCookie, Name: []byte("session")}
+	other := &Window{Kind: PerIP, Source: FromCookie, Name: []byte("Session")} // cookie names are case-sensitive
+	viaHeader := &Verified{Headers: [][]byte{[]byte("X-User-Id"), []byte("authorization")}}
+	viaCookie := &Verified{Headers: [][]byte{[]byte("X-User-Id")}, Cookies: [][]byte{[]byte("session")}}
+	all := &multiHeader{values: map[string]string{"x-user-id": "v", "authorization": "v", "x-api-key": "v"}, cookies: map[string]string{"session": "v", "Session": "v"}}
+	for _, tc := range []struct {
+		name     string
+		w        *Window
+		trusted  bool
+		verified *Verified
+		keyed    bool
+	}{
+		{"untrusted, unverified header", hdr, false, nil, false},
+		{"untrusted, unverified cookie", sess, false, nil, false},
+		{"trusted peer: any header", apiKey, true, nil, true},
+		{"trusted peer: any cookie", other, true, nil, true},
+		{"verified X-User-ID", hdr, false, viaHeader, true},
+		{"verified token header", auth, false, viaHeader, true},
+		{"another header of a verified request", apiKey, false, viaHeader, false},
+		{"a cookie of a header-verified request", sess, false, viaHeader, false},
+		{"verified token cookie", sess, false, viaCookie, true},
+		{"a cookie named in another case", other, false, viaCookie, false},
+	} {
+		k := string(appendClientKey(nil, tc.w, Request{Addr: []byte("198.51.100.7"), Header: all, Trusted: tc.trusted, Verified: tc.verified}))
+		if keyed := k != "a:198.51.100.7"; keyed != tc.keyed {
+			t.Errorf("%s: key %q, want keyed by the value %v", tc.name, k, tc.keyed)
+		}
+	}
+}
+
+// multiHeader serves several headers (any case) and cookies.
+type multiHeader struct{ values, cookies map[string]string }
+
+func (h *multiHeader) PeekBytes(n []byte) []byte {
+	if v, ok := h.values[strings.ToLower(string(n))]; ok {
+		return []byte(v)
+	}
+	return nil
+}
+
+func (h *multiHeader) CookieBytes(n []byte) []byte {
+	if v, ok := h.cookies[string(n)]; ok {
+		return []byte(v)
+	}
+	return nil
 }
