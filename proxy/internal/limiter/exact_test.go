@@ -786,3 +786,71 @@ func TestEvictionSparesStatesInUse(t *testing.T) {
 		t.Errorf("X's log holds %d after its eviction and the sweep, want 1 (its lease given back)", n)
 	}
 }
+
+// A shadow pass does not wait for held slots: H holds the last slot of the
+// shadow window all-ip through its enforced pass (its call held in the
+// hook); V, matching only the shadow rule, is answered at once (tagged by
+// all-ip, advisory), not kept waiting for H.
+func TestShadowPassDoesNotWaitForHeld(t *testing.T) {
+	rdb, prefix := hookedRedis(t)
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
+		if argsContain(args, "}:api") && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+		return 0
+	}})
+	const W = 10 * time.Second
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{
+		{Name: "all", PathPrefix: "/", OnRedisError: "closed", Shadow: true, PerIP: &conf.Window{Limit: 3, Window: conf.D(W)}},
+		{Name: "api", PathPrefix: "/api/", OnRedisError: "closed", PerIP: &conf.Window{Limit: 3, Window: conf.D(W)}},
+	}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 5 * time.Second, Instance: "A", Metrics: m})
+	check := func(path string) Decision {
+		var d Decision
+		l.Check(rs, Request{Method: []byte("POST"), Path: []byte(path), Addr: []byte("X")}, &d)
+		return d
+	}
+	// all-ip: R1 and its lease (free 3: a lease of 1), then one more
+	// request of another instance: full in Redis, the lease local.
+	if d := check("/x"); d.Outcome != Admit {
+		t.Fatalf("R1: %v", d.Outcome)
+	}
+	all := rs.list[0].clients.lookup([]byte("a:X"))
+	all.mu.Lock()
+	leased := slotsOf(all)
+	all.mu.Unlock()
+	if leased != 1 {
+		t.Fatalf("all-ip: %d leased slots after R1, want 1", leased)
+	}
+	ctx := context.Background()
+	key := prefix + "{rl:a:X}:all"
+	servicetest.Must(t, rdb.ZAdd(ctx, key, redis.Z{Score: float64(redisNowUS(t, rdb)), Member: "B:1:1:1"}).Err(), "zadd")
+	armed.Store(true)
+	hDone := make(chan Decision)
+	go func() { hDone <- check("/api/x") }() // the shadow pass takes the lease; the enforced call waits
+	<-entered
+	vDone := make(chan Decision, 1)
+	go func() { vDone <- check("/x") }()
+	var dV Decision
+	select {
+	case dV = <-vDone:
+	case <-time.After(2 * time.Second):
+		t.Error("V's shadow pass waited for H's held slot")
+		close(release)
+		dV = <-vDone
+		<-hDone
+		return
+	}
+	close(release)
+	if dV.Outcome != Admit || len(dV.Shadow) != 1 || dV.Shadow[0] != "all-ip" {
+		t.Errorf("V: %v shadow %v, want admitted, tagged all-ip", dV.Outcome, dV.Shadow)
+	}
+	if d := <-hDone; d.Outcome != Admit {
+		t.Fatalf("H: %v %v", d.Outcome, d.Violated)
+	}
+}

@@ -552,7 +552,7 @@ func releaseAll(es []entry) {
 // they admit the request and whether Redis decided (not on_redis_error).
 func (l *Limiter) pass(rs *Rules, d *Decision, es []entry, shadow bool) (admitted, exact bool) {
 	l.m.decided.Add(1)
-	allowed, retry, err := l.evaluate(rs, es)
+	allowed, retry, err := l.evaluate(rs, es, shadow)
 	now := time.Now()
 	if err != nil {
 		allowed, retry = l.fallback(d, es, now, shadow)
@@ -684,19 +684,21 @@ var errTimeout = errors.New("limiter: redis timeout passed before a decision")
 // requests of this instance is not full yet, and the request waits for them
 // (waitSettled). The request is admitted only once every window holds a slot
 // that is still valid at that moment (recheck). On an error nothing is
-// decided: the slots stay held for settle.
-func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
+// decided: the slots stay held for settle. A shadow pass does not wait for
+// held slots (its slots are held through the enforced pass, and a shadow
+// window is advisory): there they count as taken.
+func (l *Limiter) evaluate(rs *Rules, es []entry, shadow bool) (bool, time.Duration, error) {
 	for i := range es {
 		e := &es[i]
 		e.own, e.waited, e.took, e.decisive, e.lost, e.violated = nil, nil, false, false, false, false
 	}
 	deadline := mono(time.Now()) + int64(l.timeout)
 	called := false
-	ordered := false       // after a wait for held slots: take local slots in entry order
+	lk := look{wait: !shadow}
 	var long time.Duration // after a round too slow for its slots: their time at least this
 	for {
 		m := mono(time.Now())
-		missing, retry, held := l.takeLocal(es, m, ordered)
+		missing, retry, held := l.takeLocal(es, m, &lk)
 		if missing == 0 {
 			if l.recheck(es) {
 				if !called {
@@ -716,7 +718,7 @@ func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 			if err := l.waitSettled(es, held, deadline); err != nil {
 				return false, 0, err
 			}
-			ordered = true
+			lk.ordered = true
 			continue
 		}
 		if m >= deadline {
@@ -732,7 +734,7 @@ func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 			continue
 		}
 		called = true
-		if done, ok, retry, err := l.refillAndDecide(rs, es, deadline, &long, &ordered); done {
+		if done, ok, retry, err := l.refillAndDecide(rs, es, deadline, &long, &lk); done {
 			return ok, retry, err
 		}
 	}
@@ -747,10 +749,20 @@ type heldBy struct {
 	until int64
 }
 
-// isHeld reports whether st's missing slots may be held by undecided
-// requests; the generation is read first, so a slot decided meanwhile
-// ends the wait at once. st.mu held.
-func isHeld(st *state) (heldBy, bool) {
+// look is how a pass looks for slots. wait: a window that looks full while
+// slots of it are held is waited for (not in a shadow pass); ordered: after
+// such a wait, local slots are taken in entry order, stopping at the first
+// missing one (so two requests that waited cannot each hold a slot of the
+// other's missing window again).
+type look struct{ wait, ordered bool }
+
+// held reports whether st's missing slots may be held by undecided
+// requests (when the pass waits for them); the generation is read first, so
+// a slot decided meanwhile ends the wait at once. st.mu held.
+func (lk *look) held(st *state) (heldBy, bool) {
+	if !lk.wait {
+		return heldBy{}, false
+	}
 	gen := st.settled.Load()
 	return heldBy{st, gen, st.deniedUntil.Load()}, st.held.Load() > 0
 }
@@ -759,16 +771,14 @@ func isHeld(st *state) (heldBy, bool) {
 // returns how many still lack one and, when some of those are full per the
 // negative cache, the time until the last of them frees — or, when those
 // full windows have slots held by undecided requests, one such window.
-// ordered: stop taking at the first entry that lacks a slot (so two requests
-// that waited cannot each hold a slot of the other's missing window again).
-func (l *Limiter) takeLocal(es []entry, m int64, ordered bool) (missing int, retry time.Duration, held heldBy) {
+func (l *Limiter) takeLocal(es []entry, m int64, lk *look) (missing int, retry time.Duration, held heldBy) {
 	for i := range es {
 		e := &es[i]
 		if e.took {
 			continue
 		}
 		e.violated = false
-		if ordered && missing > 0 {
+		if lk.ordered && missing > 0 {
 			missing++
 			continue
 		}
@@ -780,7 +790,7 @@ func (l *Limiter) takeLocal(es []entry, m int64, ordered bool) (missing int, ret
 			// Slots waiting to be given back make the negative answer
 			// stale: the call that gives them back decides.
 			if until := e.st.deniedUntil.Load(); m < until && len(e.st.back) == 0 {
-				if h, ok := isHeld(e.st); ok {
+				if h, ok := lk.held(e.st); ok {
 					if held.st == nil {
 						held = h
 					}
@@ -1067,7 +1077,7 @@ type callResult struct {
 //
 // long: when the round took longer than the slots it held stay valid, the
 // next round's slots are given at least twice its duration.
-func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *time.Duration, ordered *bool) (done, allowed bool, retry time.Duration, err error) {
+func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *time.Duration, lk *look) (done, allowed bool, retry time.Duration, err error) {
 	calls := l.prepare(rs, es)
 	for i := range calls {
 		calls[i].first = len(calls) > 1
@@ -1101,7 +1111,7 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 		e.st.mu.Lock()
 		if sl, ok := e.st.take(m, &l.outstanding); ok {
 			e.took, e.sl, e.violated = true, sl, false
-		} else if h, ok := isHeld(e.st); ok {
+		} else if h, ok := lk.held(e.st); ok {
 			e.violated = false
 			if held.st == nil {
 				held = h
@@ -1121,7 +1131,7 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 		if err := l.waitSettled(es, held, deadline); err != nil {
 			return true, false, 0, err
 		}
-		*ordered = true
+		lk.ordered = true
 		return false, false, 0, nil
 	}
 	for i := range es {
