@@ -46,10 +46,8 @@ func TestWorkerKill9(t *testing.T) {
 	if kills != 4 || busy < 2 {
 		t.Fatalf("%d kills, %d of them with orders in flight; want 4 and at least 2", kills, busy)
 	}
-	if u := c.Unexpected(false); len(u) > 0 {
-		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
-	}
-	finish(t, s, "worker kill -9 ×4", sale, c)
+	c.ExpectContract(t, false)
+	s.Finish(t, "worker kill -9 ×4", sale, c)
 }
 
 // Fault 2: the backend dies (exit 137, as after kill -9) right after a
@@ -94,9 +92,7 @@ func TestBackendKill9BetweenReserveAndPublish(t *testing.T) {
 	if crashes != 2 {
 		t.Fatalf("%d crashes, want 2", crashes)
 	}
-	if u := c.Unexpected(true); len(u) > 0 {
-		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
-	}
+	c.ExpectContract(t, true)
 	leaked := 0
 	for _, a := range c.Attempts {
 		if a.Answers[0] == "error" && a.Status == http.StatusAccepted {
@@ -104,7 +100,7 @@ func TestBackendKill9BetweenReserveAndPublish(t *testing.T) {
 		}
 	}
 	t.Logf("%d attempts lost their connection to the crash and were answered on retry", leaked)
-	finish(t, s, "backend kill -9 after reserve ×2", sale, c)
+	s.Finish(t, "backend kill -9 after reserve ×2", sale, c)
 }
 
 // Fault 4a: SCRIPT FLUSH every 20ms through the sale. Script.Run falls back
@@ -154,7 +150,7 @@ func TestRedisScriptFlush(t *testing.T) {
 		}
 	}
 	t.Logf("%d SCRIPT FLUSHes", flushes)
-	finish(t, s, fmt.Sprintf("redis SCRIPT FLUSH ×%d", flushes), sale, c)
+	s.Finish(t, fmt.Sprintf("redis SCRIPT FLUSH ×%d", flushes), sale, c)
 }
 
 // Fault 6: every order message delivered three times (published thrice), and

@@ -27,7 +27,7 @@ func TestWorkersAwayThreeMinutes(t *testing.T) {
 	}
 	time.Sleep(3 * time.Minute)
 	s.StartWorkers(t)
-	v := finish(t, s, "workers away 3 minutes, 5,000 queued", sale, c)
+	v := s.Finish(t, "workers away 3 minutes, 5,000 queued", sale, c)
 	if v.ConfirmedOrders != 5000 || v.FailReasons["expired"] != 0 {
 		t.Errorf("after the outage: %d confirmed, failures %v; want 5000 confirmed, none expired", v.ConfirmedOrders, v.FailReasons)
 	}

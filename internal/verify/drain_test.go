@@ -8,8 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/seckill/seckill/conf"
-	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
 )
@@ -18,33 +17,8 @@ import (
 // the activity's pending count in Redis.
 func drainFixture(t *testing.T, n int, pending int64) (*Drainer, *amqp.Channel) {
 	t.Helper()
-	rc := conf.Default().RabbitMQ
-	rc.URL = servicetest.AMQPURL()
-	probe := broker.TopologyFor(rc)
-	suffix := func(names []string) []string {
-		out := make([]string, len(names))
-		for i, s := range names {
-			out[i] = strings.TrimPrefix(s, rc.Prefix)
-		}
-		return out
-	}
-	rc.Prefix = servicetest.AMQPPrefix(t, suffix(probe.QueueNames()), suffix(probe.ExchangeNames()))
-	topo := broker.TopologyFor(rc)
-	conn, err := amqp.Dial(rc.URL)
-	servicetest.Must(t, err, "dial")
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	servicetest.Must(t, err, "channel")
-	servicetest.Must(t, topo.Declare(ch), "declare")
-	servicetest.Must(t, ch.Confirm(false), "confirm mode")
-	for i := 0; i < n; i++ {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), topo.Exchange, topo.RoutingKey, true, false,
-			amqp.Publishing{Body: []byte(`{}`), DeliveryMode: amqp.Persistent})
-		servicetest.Must(t, err, "publish")
-		if ok, err := dc.WaitContext(context.Background()); err != nil || !ok {
-			t.Fatalf("publish not confirmed: %v", err)
-		}
-	}
+	rc, topo, ch := brokertest.Declare(t)
+	brokertest.Publish(t, ch, topo.Exchange, topo.RoutingKey, n)
 	rdb, prefix := servicetest.Redis(t)
 	rdb.HSet(context.Background(), reservation.KeysFor(prefix, actID).Meta, "total", 10, "pending", pending)
 	d := &Drainer{DB: openDB(t), Redis: rdb, Prefix: prefix, AMQPURL: rc.URL, Queue: topo.Queue,
@@ -111,13 +85,13 @@ func TestDrainWaitsForAcceptedOrders(t *testing.T) {
 	d, _ := drainFixture(t, 0, 0)
 	d.Accepted = []string{"a1", "a2"}
 	keys := reservation.KeysFor(d.Prefix, actID)
-	d.Redis.HSet(context.Background(), keys.Orders, "a1", "P|1|u||", "a2", "K|1|u||")
+	d.Redis.HSet(context.Background(), keys.Orders, "a1", "P1|u||", "a2", "K1|u")
 	res, err := d.Wait(context.Background(), actID, 300*time.Millisecond, nil)
 	servicetest.Must(t, err, "wait")
 	if res.Drained || res.Final.Undecided != 2 || !strings.Contains(res.Problem, "2 accepted orders undecided") {
 		t.Fatalf("got %+v", res)
 	}
-	d.Redis.HSet(context.Background(), keys.Orders, "a1", "F|1|u||released")
+	d.Redis.HSet(context.Background(), keys.Orders, "a1", "F1|u|released")
 	_, err = d.DB.Exec("INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES ('a2', ?, 'u', 1, 'confirmed')", actID)
 	servicetest.Must(t, err, "insert")
 	if res, err = d.Wait(context.Background(), actID, 5*time.Second, nil); err != nil || !res.Drained {

@@ -16,6 +16,7 @@ import (
 	"github.com/seckill/seckill/backend/internal/sale"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/faultnet"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
@@ -63,7 +64,7 @@ func newRig(t *testing.T) *rig {
 	cfg := conf.Default()
 	cfg.MySQL.DSN = servicetest.MySQLDSN(t)
 	cfg.RabbitMQ.URL = servicetest.AMQPURL()
-	cfg.RabbitMQ.Prefix = servicetest.AMQPPrefix(t, []string{".orders", ".orders.dead"}, []string{".orders", ".orders.dlx"})
+	cfg.RabbitMQ.Prefix = brokertest.Prefix(t)
 	db, err := schema.Open(ctx, cfg.MySQL)
 	servicetest.Must(t, err, "schema")
 	t.Cleanup(func() { _ = db.Close() })
@@ -375,7 +376,7 @@ func TestRedisLossKeepsKeyedRetriesOnOneOrder(t *testing.T) {
 	servicetest.Must(t, err, "purchases")
 
 	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys, k.Recovering).Err(), "lose the sale")
+	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering).Err(), "lose the sale")
 
 	res, err := r.purchase("lossy", "k")
 	mustUnavailable(t, res, err)
@@ -423,7 +424,8 @@ func TestAdoptedPublishFailureKeepsTheKey(t *testing.T) {
 	if status != "failed" || reason != "publish_failed" {
 		t.Errorf("MySQL row %s/%s, want failed/publish_failed", status, reason)
 	}
-	if got, _ := r.rdb.HGet(ctx, r.direct.Keys(act).Idem, "adopter:k").Result(); got != orphan.OrderID {
+	if u, _ := r.direct.User(ctx, act, "adopter"); u.Keys["k"] != orphan.OrderID {
+		got := u.Keys["k"]
 		t.Errorf("key now names %q, want %s", got, orphan.OrderID)
 	}
 	r.publish.Store(nil)

@@ -69,6 +69,9 @@ type Service struct {
 	waiters *orderwait.Hub
 	flight  group
 	now     func() time.Time
+	// afterWarm, when set (tests), runs once an admin change's warm has
+	// built the sale anew, before anything else happens.
+	afterWarm func(id int64)
 
 	bg        sync.WaitGroup // background undos
 	undoSlots chan struct{}  // bounds the undos in the background
@@ -94,19 +97,26 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 	}
 }
 
-// Outcome of a purchase that was decided (not an error).
-type Outcome string
+// Outcome is how a purchase was decided (not an error): the purchase
+// path's one vocabulary, reserve.lua's (reservation.Outcome). A refusal the
+// script decided reaches the API as the script named it, and package api
+// translates each outcome to HTTP in one table.
+type Outcome = reservation.Outcome
 
-// Purchase outcomes.
+// The outcomes Purchase returns (the script's other replies, such as a
+// replay or an unknown activity, are acted on here, never returned).
 const (
-	Accepted      Outcome = "accepted"
-	SoldOut       Outcome = "sold_out"
-	Insufficient  Outcome = "insufficient_stock"
-	LimitExceeded Outcome = "limit_exceeded"
-	NotStarted    Outcome = "not_started"
-	Ended         Outcome = "ended"
-	BadQuantity   Outcome = "bad_quantity"
+	Accepted      = reservation.Reserved // 202: a new order, or a replay of the key's
+	SoldOut       = reservation.SoldOut
+	Insufficient  = reservation.Insufficient
+	LimitExceeded = reservation.LimitExceeded
+	NotStarted    = reservation.NotStarted
+	Ended         = reservation.Ended
+	BadQuantity   = reservation.BadQuantity
 )
+
+// Outcomes lists every Outcome Purchase returns.
+var Outcomes = []Outcome{Accepted, SoldOut, Insufficient, LimitExceeded, NotStarted, Ended, BadQuantity}
 
 // PurchaseRequest is a validated purchase.
 type PurchaseRequest struct {
@@ -186,20 +196,15 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 			s.state.soldOut(r.ActivityID)
 		}
 		return PurchaseResult{Outcome: SoldOut}, nil
-	case reservation.Insufficient:
-		return PurchaseResult{Outcome: Insufficient, Available: res.Available}, nil
-	case reservation.LimitExceeded:
-		return PurchaseResult{Outcome: LimitExceeded, Held: res.Held, Limit: res.Limit}, nil
-	case reservation.NotStarted:
-		return PurchaseResult{Outcome: NotStarted}, nil
+	case reservation.Insufficient, reservation.LimitExceeded, reservation.NotStarted, reservation.BadQuantity:
+		// Decided by the script: answered as it named it.
+		return PurchaseResult{Outcome: res.Outcome, Limit: res.Limit, Held: res.Held, Available: res.Available}, nil
 	case reservation.Ended:
 		if r.IdempotencyKey != "" {
 			// An archived sale keeps no keys in Redis: MySQL knows them.
 			return s.archived(ctx, r)
 		}
 		return PurchaseResult{Outcome: Ended}, nil
-	case reservation.BadQuantity:
-		return PurchaseResult{Outcome: BadQuantity, Limit: res.Limit}, nil
 	}
 	return PurchaseResult{}, fmt.Errorf("%w: reserve answered %q", ErrUnavailable, res.Outcome)
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 )
 
@@ -231,6 +232,15 @@ func (c *Crowd) Unexpected(allowErrors bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// ExpectContract fails t, without stopping it, for final answers outside
+// the contract (Unexpected), naming the first five.
+func (c *Crowd) ExpectContract(t testing.TB, allowErrors bool) {
+	t.Helper()
+	if u := c.Unexpected(allowErrors); len(u) > 0 {
+		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
+	}
 }
 
 // Summary is a one-line view of the answers.

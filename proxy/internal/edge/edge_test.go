@@ -305,7 +305,7 @@ func TestRedisFaults(t *testing.T) {
 	for _, fault := range []string{"down", "paused", "slow"} {
 		for _, mode := range []string{"local", "open", "closed"} {
 			t.Run(fault+"/"+mode, func(t *testing.T) {
-				addr := privateRedis(t)
+				addr := servicetest.PrivateRedis(t).Addr
 				redisAddr := addr
 				switch fault {
 				case "slow":

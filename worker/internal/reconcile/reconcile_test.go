@@ -11,18 +11,17 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
-	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/saletest"
 	"github.com/seckill/seckill/internal/servicetest"
-	"github.com/seckill/seckill/lua"
 )
 
 type rig struct {
 	rdb   *redis.Client
 	store *reservation.Store
 	db    *sql.DB
+	sr    *saletest.Rig
 	rec   *Reconciler
 }
 
@@ -34,23 +33,12 @@ const act = 42
 func newRig(t *testing.T) (*rig, map[string]string) {
 	t.Helper()
 	ctx := context.Background()
-	rdb, prefix := servicetest.Redis(t)
-	servicetest.Must(t, lua.Preload(ctx, rdb), "preload")
-	mc := conf.Default().MySQL
-	mc.DSN = servicetest.MySQLDSN(t)
-	db, err := schema.Open(ctx, mc)
-	servicetest.Must(t, err, "open mysql")
-	t.Cleanup(func() { _ = db.Close() })
-	store := reservation.New(rdb, prefix)
-	r := &rig{rdb: rdb, store: store, db: db,
+	sr := saletest.New(t)
+	rdb, db, store := sr.Redis, sr.DB, sr.Store
+	r := &rig{rdb: rdb, store: store, db: db, sr: sr,
 		rec: New(db, store, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, 5*time.Second)}
-	now := time.Now().UTC().Truncate(time.Millisecond)
-	start, end := now.Add(-time.Hour), now.Add(time.Hour)
-	_, err = db.Exec(`INSERT INTO activities (id, total_stock, stock, sold, per_user_limit, starts_at, ends_at)
-		VALUES (?, 10, 10, 0, 3, ?, ?)`, act, start, end)
-	servicetest.Must(t, err, "insert activity")
-	_, _, err = store.Warm(ctx, act, reservation.WarmArgs{Total: 10, Limit: 3, Start: start, End: end, Users: map[string]int64{}})
-	servicetest.Must(t, err, "warm")
+	now := time.Now()
+	sr.Open(t, act, 10, 3, now.Add(-time.Hour), now.Add(time.Hour))
 	ids := map[string]string{}
 	for _, u := range []struct {
 		user string
@@ -65,7 +53,7 @@ func newRig(t *testing.T) (*rig, map[string]string) {
 		ids[u.user] = oid
 	}
 	r.commit(t, ids["alice"], "alice", 2)
-	_, err = store.Settle(ctx, act, []reservation.Settlement{{OrderID: ids["alice"], Confirmed: true, Quantity: 2, UserID: "alice"}})
+	_, err := store.Settle(ctx, act, []reservation.Settlement{{OrderID: ids["alice"], Confirmed: true, Quantity: 2, UserID: "alice"}})
 	servicetest.Must(t, err, "settle")
 	r.commit(t, ids["bob"], "bob", 1)
 	return r, ids
@@ -74,16 +62,7 @@ func newRig(t *testing.T) (*rig, map[string]string) {
 // commit writes what a worker's transaction writes for one confirmed order.
 func (r *rig) commit(t *testing.T, oid, user string, qty int64) {
 	t.Helper()
-	tx, err := r.db.Begin()
-	servicetest.Must(t, err, "begin")
-	defer tx.Rollback()
-	_, err = tx.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES (?, ?, ?, ?, 'confirmed')`, oid, act, user, qty)
-	servicetest.Must(t, err, "insert order")
-	_, err = tx.Exec(`INSERT INTO purchases (activity_id, user_id, quantity) VALUES (?, ?, ?)`, act, user, qty)
-	servicetest.Must(t, err, "insert purchase")
-	_, err = tx.Exec(`UPDATE activities SET stock = stock - ?, sold = sold + ? WHERE id = ? AND stock >= ?`, qty, qty, act, qty)
-	servicetest.Must(t, err, "update stock")
-	servicetest.Must(t, tx.Commit(), "commit")
+	r.sr.Commit(t, act, oid, user, "", qty)
 }
 
 func (r *rig) sale(t *testing.T) reservation.Sale {
@@ -184,7 +163,7 @@ func TestLostSaleIsRebuilt(t *testing.T) {
 	_, err := r.db.Exec(`UPDATE orders SET idempotency_key = 'key-a' WHERE order_id = ?`, ids["alice"])
 	servicetest.Must(t, err, "set key")
 	k := r.store.Keys(act)
-	r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem)
+	r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines)
 	rep := r.pass(t, false)
 	if !strings.Contains(strings.Join(rep.Repairs, ";"), "rebuilt") {
 		t.Fatalf("repairs = %v", rep.Repairs)
@@ -195,9 +174,10 @@ func TestLostSaleIsRebuilt(t *testing.T) {
 	if s.Total != 10 || s.Sold != 3 || s.Pending != 0 || s.Limit != 3 {
 		t.Errorf("rebuilt sale %+v", s)
 	}
-	held, _ := r.rdb.HGetAll(context.Background(), k.Users).Result()
-	if held["alice"] != "2" || held["bob"] != "1" {
-		t.Errorf("rebuilt users = %v", held)
+	alice, _ := r.store.User(context.Background(), act, "alice")
+	bob, _ := r.store.User(context.Background(), act, "bob")
+	if alice.Held != 2 || alice.Keys["key-a"] != ids["alice"] || bob.Held != 1 {
+		t.Errorf("rebuilt users: alice %+v, bob %+v", alice, bob)
 	}
 	// Decided orders and their keys are back: alice retrying with her key gets
 	// her order, not a second one.
@@ -226,7 +206,7 @@ func TestArchivedSaleIsNotRebuilt(t *testing.T) {
 	_, err := r.db.Exec(`UPDATE activities SET archived_at = UTC_TIMESTAMP(3) WHERE id = ?`, act)
 	servicetest.Must(t, err, "archive in MySQL")
 	k := r.store.Keys(act)
-	r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem, k.OrderKeys)
+	r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines)
 	if rep := r.pass(t, false); !rep.Archived || len(rep.Repairs) != 0 {
 		t.Fatalf("report %s", rep)
 	}
@@ -254,7 +234,7 @@ func TestReopenedSaleIsRebuiltFromItsSummary(t *testing.T) {
 	k := r.store.Keys(act)
 	// Archived at generation 0 (carol's open reservation dropped with it, as
 	// if released), then reopened in MySQL at generation 1.
-	r.rdb.Del(ctx, k.Users, k.Orders, k.Deadlines, k.Idem, k.OrderKeys)
+	r.rdb.Del(ctx, k.Users, k.Orders, k.Deadlines)
 	r.rdb.HSet(ctx, k.Meta, "archived", 1, "sold", 3, "pending", 0, "gen", 0)
 	_, err := r.db.Exec(`UPDATE activities SET generation = 1, archived_at = NULL WHERE id = ?`, act)
 	servicetest.Must(t, err, "reopen in MySQL")
