@@ -58,7 +58,7 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger, opts ...Option) (
 	host, _ := os.Hostname()
 	inst := limiter.FormatInstance(host, binary.LittleEndian.Uint64(rnd[:]))
 	lc := limiter.Config{Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Timeout: cfg.Proxy.RedisTimeout.Duration,
-		Instance: inst, Metrics: lm, Log: log}
+		Instance: inst, MaxClientStates: cfg.Proxy.MaxClientStates, Metrics: lm, Log: log}
 	for _, o := range opts {
 		o(&lc)
 	}
@@ -103,6 +103,7 @@ func (p *Proxy) Reload(c conf.Proxy) error {
 	p.Handler.SetRules(rs)
 	p.Handler.SetGate(gate)
 	p.Handler.ReadCache.SetRules(c.Rules)
+	p.Handler.Limiter.SetMaxClientStates(c.MaxClientStates)
 	return nil
 }
 
