@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,8 @@ type shop struct {
 	orders   map[string]string // user:key -> order id
 	failOnce map[string]bool   // keys already answered 503 once
 	peers    map[string]int    // remote IP -> requests
+	buyers   map[string]string // X-User-ID -> the remote IP of its purchases ("*" when it used two)
+	bought   map[string]int    // remote IP -> purchase requests
 	attempts map[string]int    // user:key -> purchase attempts
 	delay    time.Duration
 	every503 int // every n-th new key gets one 503 first
@@ -29,7 +32,7 @@ type shop struct {
 
 func newShop(stock int) *shop {
 	return &shop{stock: stock, orders: map[string]string{}, failOnce: map[string]bool{},
-		peers: map[string]int{}, attempts: map[string]int{}}
+		peers: map[string]int{}, buyers: map[string]string{}, bought: map[string]int{}, attempts: map[string]int{}}
 }
 
 func (s *shop) handle(ctx *fasthttp.RequestCtx) {
@@ -50,7 +53,14 @@ func (s *shop) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(404)
 		return
 	}
-	k := string(ctx.Request.Header.Peek("X-User-ID")) + ":" + string(ctx.Request.Header.Peek("Idempotency-Key"))
+	user := string(ctx.Request.Header.Peek("X-User-ID"))
+	if ip, ok := s.buyers[user]; ok && ip != host {
+		s.buyers[user] = "*"
+	} else {
+		s.buyers[user] = host
+	}
+	s.bought[host]++
+	k := user + ":" + string(ctx.Request.Header.Peek("Idempotency-Key"))
 	s.attempts[k]++
 	if id, ok := s.orders[k]; ok {
 		ctx.SetStatusCode(202)
@@ -113,7 +123,10 @@ func run(t *testing.T, cfg Config) *Recorder {
 }
 
 // Requests leave from the configured loopback addresses, so a proxy sees
-// that many distinct peers; hot users share a few of them.
+// that many distinct peers; hot users share a few of them. A fixed plan (an
+// open loop: 400 purchases at 1000/s, sent however late a loaded machine
+// gets to them), counted per request: every user sends from one address,
+// the hot half of the users from the one hot address.
 func TestDistinctSourceAddresses(t *testing.T) {
 	s := newShop(1 << 30)
 	cfg := baseConfig(serve(t, s))
@@ -122,9 +135,11 @@ func TestDistinctSourceAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Sources, cfg.HotShare = src, 0.5
+	cfg.Rate, cfg.Rush, cfg.Tail = 1000, 300*time.Millisecond, 100*time.Millisecond
 	snap := run(t, cfg).Snapshot()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// The warm-up reads through every source once at least.
 	if len(s.peers) != 40 {
 		t.Errorf("server saw %d distinct peers, want 40: %v", len(s.peers), s.peers)
 	}
@@ -133,15 +148,42 @@ func TestDistinctSourceAddresses(t *testing.T) {
 			t.Errorf("peer %s outside the source net", ip)
 		}
 	}
-	if snap.DistinctIPs != 40 {
-		t.Errorf("recorder counted %d addresses", snap.DistinctIPs)
+	purchases := 0
+	for _, n := range s.bought {
+		purchases += n
 	}
-	// Half the users sit behind the one hot address (40/100 → 1): it must
-	// carry far more purchases than any other.
-	hot := s.peers["127.3.0.1"]
-	for ip, n := range s.peers {
+	if purchases != 400 {
+		t.Fatalf("%d purchase requests, want the plan's 400", purchases)
+	}
+	// The recorder counts the addresses purchases used: users are drawn at
+	// random, so one of the 39 cold addresses may have drawn none of the 400
+	// (about one run in five); the server counts the same addresses.
+	if snap.DistinctIPs != int64(len(s.bought)) {
+		t.Errorf("recorder counted %d addresses, the server saw purchases from %d", snap.DistinctIPs, len(s.bought))
+	}
+	// Half the users sit behind the one hot address (40/100 → 1), the other
+	// half spread over the other 39.
+	const hotUsers = 250 // HotShare × Users
+	for user, ip := range s.buyers {
+		i, err := strconv.Atoi(strings.TrimPrefix(user, cfg.UserPrefix))
+		if err != nil {
+			t.Fatalf("user %q", user)
+		}
+		switch hot := i < hotUsers; {
+		case ip == "*":
+			t.Errorf("user %s sent from two addresses", user)
+		case hot && ip != "127.3.0.1":
+			t.Errorf("hot user %s sent from %s, want the hot address", user, ip)
+		case !hot && ip == "127.3.0.1":
+			t.Errorf("user %s sent from the hot address", user)
+		}
+	}
+	// So the hot address carries about half the purchases (200 ± 10), any
+	// other about 400/500 × 6.4 users ≈ 5.
+	hot := s.bought["127.3.0.1"]
+	for ip, n := range s.bought {
 		if ip != "127.3.0.1" && n*4 > hot {
-			t.Errorf("hot address carried %d requests, %s carried %d", hot, ip, n)
+			t.Errorf("hot address carried %d purchases, %s carried %d", hot, ip, n)
 		}
 	}
 }
