@@ -210,6 +210,11 @@ func TestForwardedFor(t *testing.T) {
 	cfg := baseConfig("http://" + ln.Addr().String())
 	cfg.Sources, _ = SourceAddrs("127.4.0.0/24", 10)
 	cfg.ForwardedFor = true
+	// A fixed plan of 400 purchases (open loop): each of the 10 addresses
+	// is drawn by a tenth of the users, so one is missed in a run with
+	// odds 10 × 0.9^400 (about 5e-18); a closed loop's short timed rush on
+	// a stalled machine sent few enough purchases to miss one.
+	cfg.Rate = 1000
 	run(t, cfg)
 	if len(s.peers) != 1 {
 		t.Errorf("%d peers, want only the default address", len(s.peers))
@@ -256,20 +261,24 @@ func TestRetrySameKey(t *testing.T) {
 	}
 }
 
-// Sold-out answers are classed as such and fall in the tail once stock is gone.
+// Sold-out answers are classed as such and fall in the tail once stock is
+// gone. A fixed plan (open loop: 300 purchases meant for the rush, 100 for
+// the tail, each counted in the phase it was meant for): a closed loop's
+// 100ms tail held no request at all when a loaded machine stalled it.
 func TestSoldOutTail(t *testing.T) {
 	s := newShop(20)
 	cfg := baseConfig(serve(t, s))
+	cfg.Rate = 1000
 	snap := run(t, cfg).Snapshot()
 	if got := snap.Classes[Accepted].Count(); got != 20 {
 		t.Errorf("%d accepted, want 20", got)
 	}
-	if snap.Classes[SoldOut].Count() == 0 {
-		t.Error("no sold-out answers recorded")
+	if got := snap.Classes[SoldOut].Count(); got != 400-20 {
+		t.Errorf("%d sold-out answers recorded, want the 380 purchases after the 20 units", got)
 	}
 	tail := snap.Phases[Tail]
-	if tail.Requests == 0 || tail.Classes[SoldOut] != tail.Requests {
-		t.Errorf("tail: %d requests, %d sold out", tail.Requests, tail.Classes[SoldOut])
+	if tail.Requests != 100 || tail.Classes[SoldOut] != tail.Requests {
+		t.Errorf("tail: %d requests, %d sold out; want 100 sold out", tail.Requests, tail.Classes[SoldOut])
 	}
 	if snap.Phases[Warmup].Requests == 0 {
 		t.Error("warm-up sent nothing")
