@@ -6,8 +6,7 @@
 -- that read in the same atomic step, so a purchase or an admin change racing
 -- the archiver is either before it (and it refuses) or after it.
 --
--- KEYS[1] meta, KEYS[2] users, KEYS[3] idem, KEYS[4] orders, KEYS[5] deadlines,
--- KEYS[6] keys (see reserve.lua)
+-- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
 -- ARGV[1] generation (MySQL's activities.generation, read under the lock)
 -- ARGV[2] total stock (MySQL), ARGV[3] units sold (MySQL)
 -- ARGV[4] grace in ms after the sale's end, ARGV[5] TTL of the summary in ms
@@ -38,14 +37,14 @@ local due = tonumber(m[4]) + tonumber(ARGV[4])
 if now < due then
   return {'open', due}
 end
-local open = redis.call('ZCARD', KEYS[5])
+local open = redis.call('ZCARD', KEYS[4])
 if tonumber(m[3]) ~= 0 or open ~= 0 then
   return {'pending', tonumber(m[3]), open}
 end
 if tonumber(m[1]) ~= tonumber(ARGV[2]) or tonumber(m[2]) ~= tonumber(ARGV[3]) then
   return {'disagree', tonumber(m[1]), tonumber(m[2])}
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
 redis.call('HSET', KEYS[1], 'archived', now)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {'archived'}

@@ -1,6 +1,7 @@
 // Package lua holds the Redis scripts of seckill, embedded at build time, one
-// *redis.Script per .lua file. Each file opens with a header naming its KEYS,
-// ARGV and return values. Every key of one script shares a hash tag ({act:ID})
+// *redis.Script per .lua file but record.lua, which holds the encodings of
+// order records and user entries and is put before the scripts that use them.
+// Each script opens with a header naming its KEYS, ARGV and return values. Every key of one script shares a hash tag ({act:ID})
 // so the scripts run unchanged on Redis Cluster, and Redis TIME is their clock.
 package lua
 
@@ -22,11 +23,17 @@ var files embed.FS
 // registry holds every script, so that Preload can load them all.
 var registry = map[string]*redis.Script{}
 
-func load(name string) *redis.Script {
-	src, err := files.ReadFile(name)
-	if err != nil {
-		// The file is embedded at build time; missing means the build is broken.
-		panic(fmt.Sprintf("lua: %s not embedded: %v", name, err))
+// load makes the script of file name, with the files of libs (shared
+// functions, such as record.lua's encodings) put before it.
+func load(name string, libs ...string) *redis.Script {
+	var src []byte
+	for _, f := range append(libs, name) {
+		b, err := files.ReadFile(f)
+		if err != nil {
+			// The file is embedded at build time; missing means the build is broken.
+			panic(fmt.Sprintf("lua: %s not embedded: %v", f, err))
+		}
+		src = append(src, b...)
 	}
 	s := redis.NewScript(string(src))
 	registry[name] = s

@@ -1,12 +1,16 @@
 package lua
 
+// record holds the encodings of order records and user entries.
+const record = "record.lua"
+
 // Scripts of the purchase path; see each file's header.
 var (
-	Reserve = load("reserve.lua")
-	Release = load("release.lua")
-	Queued  = load("queued.lua")
+	Reserve = load("reserve.lua", record)
+	Release = load("release.lua", record)
+	Queued  = load("queued.lua", record)
 	Claim   = load("claim.lua")
-	Settle  = load("settle.lua")
-	Warm    = load("warm.lua")
+	Settle  = load("settle.lua", record)
+	Warm    = load("warm.lua", record)
 	Archive = load("archive.lua")
+	Restore = load("restore.lua", record)
 )

@@ -5,21 +5,16 @@
 -- KEYS[1] orders (see reserve.lua)
 -- ARGV[1] order id
 --
--- Returns 1 when the record is now marked (field 5 = "q"; only a P or C record
--- is marked, and its reason field is empty while it is open), 0 when the record
--- is missing or already settled (nothing changed).
+-- Returns 1 when the record is now marked ("q"; only a P or C record is
+-- marked), 0 when the record is missing or already settled (nothing changed).
 
 local rec = redis.call('HGET', KEYS[1], ARGV[1])
 if not rec then
   return 0
 end
-local state = string.sub(rec, 1, 1)
-if state ~= 'P' and state ~= 'C' then
+local state, qty, user, deadline = rec_parse(rec)
+if (state ~= 'P' and state ~= 'C') or not deadline then
   return 0
 end
-local head = string.match(rec, '^(%a|%d+|[^|]*|%d*|)')
-if not head then
-  return 0
-end
-redis.call('HSET', KEYS[1], ARGV[1], head .. 'q')
+redis.call('HSET', KEYS[1], ARGV[1], rec_open(state, qty, user, deadline, 'q'))
 return 1

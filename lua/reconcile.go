@@ -1,4 +1,4 @@
 package lua
 
 // Sync makes a sale's Redis counters exact; see sync.lua.
-var Sync = load("sync.lua")
+var Sync = load("sync.lua", record)

@@ -5,13 +5,13 @@
 -- order is never both released and confirmed.
 --
 -- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
--- KEYS[5] idem (optional; the backend, whose client never learnt the order)
 -- ARGV[1] order id, ARGV[2] reason, ARGV[3] pub/sub channel, ARGV[4] activity id
--- ARGV[5] "user:key" idempotency field (optional, with KEYS[5]): when the order
---         is released, the field is deleted if it still names this order, so a
---         client told "503, nothing kept" may retry with the same key
+-- ARGV[5] idempotency key (optional; the backend, whose client never learnt the
+--         order): when the order is released, the key leaves the user's entry
+--         if it still names this order, so a client told "503, nothing kept"
+--         may retry with the same key
 -- ARGV[6] user id (optional): the backend's undo of a reserve whose outcome it
---         does not know. With no record, a tombstone "F|0|user||reason" is
+--         does not know. With no record, a tombstone "F0|user|reason" is
 --         written, which a reserve.lua of this order id arriving later refuses
 --         ("undone"); the undo then answers "released" too. And a P record
 --         marked adopted ("a": a keyed replay publishes it) is left alone:
@@ -28,40 +28,36 @@
 local rec = redis.call('HGET', KEYS[3], ARGV[1])
 if not rec then
   if ARGV[6] and ARGV[6] ~= '' then
-    redis.call('HSET', KEYS[3], ARGV[1], 'F|0|' .. ARGV[6] .. '||' .. ARGV[2])
+    redis.call('HSET', KEYS[3], ARGV[1], rec_done('F', 0, ARGV[6], ARGV[2]))
     return {'released'}
   end
   return {'missing'}
 end
-local state, qty, user, deadline, reason = string.match(rec, '^(%a)|(%d+)|([^|]*)|(%d*)|(.*)$')
-if state == 'F' and reason == ARGV[2] then
+local state, qty, user, _, tail = rec_parse(rec)
+if state == 'F' and tail == ARGV[2] then
   return {'released'}
 end
 if state == 'C' then
   return {'claimed'}
-elseif state == 'P' and reason == 'q' then
+elseif state == 'P' and tail == 'q' then
   return {'queued'}
 elseif state == 'K' then
   return {'confirmed'}
 elseif state == 'F' then
   return {'failed'}
 end
-if ARGV[6] and ARGV[6] ~= '' and reason == 'a' then
+if ARGV[6] and ARGV[6] ~= '' and tail == 'a' then
   return {'taken'}
 end
-qty = tonumber(qty)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'pending', -qty)
 end
-if tonumber(redis.call('HINCRBY', KEYS[2], user, -qty)) <= 0 then
-  redis.call('HDEL', KEYS[2], user)
+local held, index = user_get(KEYS[2], user)
+if ARGV[5] and ARGV[5] ~= '' then
+  index = key_drop(index, ARGV[5], ARGV[1])
 end
-redis.call('HSET', KEYS[3], ARGV[1], 'F|' .. qty .. '|' .. user .. '|' .. deadline .. '|' .. ARGV[2])
+user_put(KEYS[2], user, held - qty, index)
+redis.call('HSET', KEYS[3], ARGV[1], rec_done('F', qty, user, ARGV[2]))
 redis.call('ZREM', KEYS[4], ARGV[1])
-if KEYS[5] and ARGV[5] and ARGV[5] ~= '' then
-  if redis.call('HGET', KEYS[5], ARGV[5]) == ARGV[1] then
-    redis.call('HDEL', KEYS[5], ARGV[5])
-  end
-end
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return {'released'}

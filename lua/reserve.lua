@@ -1,14 +1,14 @@
 -- reserve.lua: check and reserve units of one activity in one atomic step.
 --
 -- KEYS[1] meta       hash  total, sold, pending, limit, start, end (unix ms)
--- KEYS[2] users      hash  user id -> units held (pending + confirmed)
--- KEYS[3] idem       hash  "user:key" -> order id
--- KEYS[4] orders     hash  order id -> "state|qty|user|deadline_ms|reason"
--- KEYS[5] deadlines  zset  order id -> deadline (ms) while pending or claimed
--- KEYS[6] keys       hash  order id -> its idempotency key
--- KEYS[7] recovering string, set (with an expiry) while a sale rebuilt after a
+-- KEYS[2] users      hash  user id -> entry: units held (pending + confirmed)
+--                          and the user's idempotency keys -> order ids
+-- KEYS[3] orders     hash  order id -> record
+-- KEYS[4] deadlines  zset  order id -> deadline (ms) while pending or claimed
+-- KEYS[5] recovering string, set (with an expiry) while a sale rebuilt after a
 --                          Redis loss may still have orders in flight whose keys
 --                          Redis forgot: an unknown key then answers "unsure"
+-- (record.lua has the encodings of records and user entries.)
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
 -- TTL in ms
@@ -20,15 +20,16 @@
 -- that arrives late (delayed on the network) is refused with "undone".
 --
 -- Returns a table whose first element is the outcome:
---   {"ok", order_id, deadline_ms}            reserved (now, or by an earlier run of this call)
+--   {"ok", order_id, deadline_ms}            reserved (now, or by an earlier run of this call;
+--                                            deadline 0 when that order is settled already)
 --   {"undone", reason}                       the caller's undo ran first: nothing reserved, ever
 --   {"replay", order_id, state, qty, deadline_ms, queued}
 --                                            the key was used before; nothing reserved.
 --                                            queued is 1 once the broker confirmed its message
---                                            (record field 5 = "q" while P or C); a P record
---                                            not queued is marked adopted (field 5 = "a"): the
---                                            replay publishes it, and the backend's undo of the
---                                            attempt that reserved it answers "taken"
+--                                            (mark "q" while P or C); a P record not queued
+--                                            is marked adopted ("a"): the replay publishes it,
+--                                            and the backend's undo of the attempt that
+--                                            reserved it answers "taken"
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
 --   {"unsure"}                               a key Redis does not know, while recovering:
 --                                            it may belong to an order still in the queue
@@ -47,36 +48,37 @@ if not meta[1] then
   return {'not_found'}
 end
 local user, key, oid = ARGV[1], ARGV[2], ARGV[4]
-local mine = redis.call('HGET', KEYS[4], oid)
+local mine = redis.call('HGET', KEYS[3], oid)
 if mine then
-  local state, _, owner, deadline, reason = string.match(mine, '^(%a)|(%d+)|([^|]*)|(%d*)|(.*)$')
+  local state, _, owner, deadline, reason = rec_parse(mine)
   if owner ~= user then
     return {'conflict'}
   end
   if state == 'F' then
     return {'undone', reason}
   end
-  return {'ok', oid, tonumber(deadline) or 0}
+  return {'ok', oid, deadline or 0}
 end
+local held, index = user_get(KEYS[2], user)
 if key ~= '' then
-  local prior = redis.call('HGET', KEYS[3], user .. ':' .. key)
+  local prior = key_find(index, key)
   if prior then
-    local rec = redis.call('HGET', KEYS[4], prior)
+    local rec = redis.call('HGET', KEYS[3], prior)
     if rec then
-      local state, qty, _, deadline, reason = string.match(rec, '^(%a)|(%d+)|([^|]*)|(%d*)|(.*)$')
+      local state, qty, _, deadline, mark = rec_parse(rec)
       local queued = 0
-      if reason == 'q' and (state == 'P' or state == 'C') then
+      if mark == 'q' and (state == 'P' or state == 'C') then
         queued = 1
-      elseif state == 'P' and reason == '' then
+      elseif state == 'P' and mark == '' then
         -- Adopted: this replay publishes the order itself, so the undo of
         -- the attempt that reserved it may no longer release it.
-        redis.call('HSET', KEYS[4], prior, rec .. 'a')
+        redis.call('HSET', KEYS[3], prior, rec_open(state, qty, user, deadline, 'a'))
       end
-      return {'replay', prior, state, tonumber(qty), tonumber(deadline) or 0, queued}
+      return {'replay', prior, state, qty, deadline or 0, queued}
     end
     return {'replay', prior, '?', 0, 0, 0}
   end
-  if redis.call('EXISTS', KEYS[7]) == 1 then
+  if redis.call('EXISTS', KEYS[5]) == 1 then
     return {'unsure'}
   end
 end
@@ -94,7 +96,6 @@ end
 if now >= end_ms then
   return {'ended', end_ms}
 end
-local held = tonumber(redis.call('HGET', KEYS[2], user) or '0')
 if held + qty > limit then
   return {'limit_exceeded', held, limit}
 end
@@ -107,11 +108,10 @@ if available < qty then
 end
 local deadline = now + tonumber(ARGV[5])
 redis.call('HINCRBY', KEYS[1], 'pending', qty)
-redis.call('HINCRBY', KEYS[2], user, qty)
 if key ~= '' then
-  redis.call('HSET', KEYS[3], user .. ':' .. key, oid)
-  redis.call('HSET', KEYS[6], oid, key)
+  index = index .. '\n' .. key .. '\t' .. oid
 end
-redis.call('HSET', KEYS[4], oid, 'P|' .. qty .. '|' .. user .. '|' .. deadline .. '|')
-redis.call('ZADD', KEYS[5], deadline, oid)
+user_put(KEYS[2], user, held + qty, index)
+redis.call('HSET', KEYS[3], oid, rec_open('P', qty, user, deadline, ''))
+redis.call('ZADD', KEYS[4], deadline, oid)
 return {'ok', oid, deadline}

@@ -7,6 +7,7 @@
 -- channel, then five values per order:
 --   order id, outcome ("K" confirmed | "F" failed), reason, quantity, user id
 --
+-- A settled record drops its deadline and mark (see record.lua).
 -- Returns the number of orders whose state changed. Those orders are
 -- PUBLISHed once on the order-event channel, one "id|outcome|reason" line
 -- each, so that backends wake the clients waiting for them.
@@ -26,32 +27,32 @@ for i = 4, #ARGV, 5 do
   local oid, outcome, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local qty, user = tonumber(ARGV[i + 3]), ARGV[i + 4]
   local rec = redis.call('HGET', KEYS[3], oid)
-  local state, deadline = nil, ''
+  local state
   if rec then
-    local s, q, u, d = string.match(rec, '^(%a)|(%d+)|([^|]*)|(%d*)|')
-    state, qty, user, deadline = s, tonumber(q), u, d
+    local s, q, u = rec_parse(rec)
+    if s then
+      state, qty, user = s, q, u
+    end
   end
   if state == 'P' or state == 'C' then
-    if outcome == 'K' then
-      if has_meta then
-        redis.call('HINCRBY', KEYS[1], 'pending', -qty)
+    if has_meta then
+      redis.call('HINCRBY', KEYS[1], 'pending', -qty)
+      if outcome == 'K' then
         redis.call('HINCRBY', KEYS[1], 'sold', qty)
       end
-    else
-      if has_meta then
-        redis.call('HINCRBY', KEYS[1], 'pending', -qty)
-      end
-      if tonumber(redis.call('HINCRBY', KEYS[2], user, -qty)) <= 0 then
-        redis.call('HDEL', KEYS[2], user)
-      end
+    end
+    if outcome ~= 'K' then
+      local held, index = user_get(KEYS[2], user)
+      user_put(KEYS[2], user, held - qty, index)
       gave_back = true
     end
   elseif state == nil and has_meta and outcome == 'K' then
     redis.call('HINCRBY', KEYS[1], 'sold', qty)
-    redis.call('HINCRBY', KEYS[2], user, qty)
+    local held, index = user_get(KEYS[2], user)
+    user_put(KEYS[2], user, held + qty, index)
   end
   if state ~= 'K' and state ~= 'F' then
-    redis.call('HSET', KEYS[3], oid, outcome .. '|' .. qty .. '|' .. user .. '|' .. deadline .. '|' .. reason)
+    redis.call('HSET', KEYS[3], oid, rec_done(outcome, qty, user, reason))
     redis.call('ZREM', KEYS[4], oid)
     changed = changed + 1
     settled[changed] = oid .. '|' .. outcome .. '|' .. reason

@@ -29,10 +29,9 @@ for _, oid in ipairs(ids) do
   local rec = redis.call('HGET', KEYS[3], oid)
   local state, qty, user
   if rec then
-    state, qty, user = string.match(rec, '^(%a)|(%d+)|([^|]*)|')
+    state, qty, user = rec_parse(rec)
   end
   if state == 'P' or state == 'C' then
-    qty = tonumber(qty)
     pending = pending + qty
     held[user] = (held[user] or 0) + qty
   else
@@ -40,12 +39,8 @@ for _, oid in ipairs(ids) do
     stale = stale + 1
   end
 end
-redis.call('DEL', KEYS[2])
-for user, n in pairs(held) do
-  if n > 0 then
-    redis.call('HSET', KEYS[2], user, n)
-  end
-end
+-- Counts from MySQL and the open records; the users' key indexes stay.
+users_rebuild(KEYS[2], held)
 redis.call('HSET', KEYS[1], 'total', total, 'sold', sold, 'pending', pending)
 if total - sold - pending > tonumber(cur[1]) - tonumber(cur[2]) - tonumber(cur[3]) then
   redis.call('PUBLISH', ARGV[3], ARGV[4])

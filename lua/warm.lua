@@ -71,27 +71,30 @@ end
 if reopen then
   redis.call('DEL', KEYS[1]) -- the summary and its TTL
 end
-redis.call('DEL', KEYS[2])
-for i = 10, #ARGV, 2 do
-  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
-end
 -- Only the meta hash may have been lost (eviction, a partial flush): open
 -- reservations that survived still hold units, so count them back in, or their
 -- later settle or release would drive pending below zero.
+local held = {}
+for i = 10, #ARGV, 2 do
+  held[ARGV[i]] = (held[ARGV[i]] or 0) + tonumber(ARGV[i + 1])
+end
 local pending = 0
 for _, oid in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
   local rec = redis.call('HGET', KEYS[3], oid)
   local state, qty, user
   if rec then
-    state, qty, user = string.match(rec, '^(%a)|(%d+)|([^|]*)|')
+    state, qty, user = rec_parse(rec)
   end
   if state == 'P' or state == 'C' then
-    pending = pending + tonumber(qty)
-    redis.call('HINCRBY', KEYS[2], user, tonumber(qty))
+    pending = pending + qty
+    held[user] = (held[user] or 0) + qty
   else
     redis.call('ZREM', KEYS[4], oid)
   end
 end
+-- The counts are MySQL's and the open records'; key indexes that survived
+-- (or that a restore wrote first, see restore.lua) stay.
+users_rebuild(KEYS[2], held)
 redis.call('HSET', KEYS[1], 'total', total, 'sold', sold, 'pending', pending,
   'limit', limit, 'start', start_ms, 'end', end_ms, 'gen', gen)
 redis.call('PUBLISH', ARGV[7], ARGV[8])

@@ -45,9 +45,9 @@ func (s State) String() string { return string(s) }
 
 // Keys names the Redis keys of one activity. All share the {act:ID} hash tag.
 type Keys struct {
-	Meta, Users, Idem, Orders, Deadlines string
-	// OrderKeys maps an order id to its idempotency key.
-	OrderKeys string
+	// Users maps a user id to the units it holds and its idempotency keys'
+	// order ids (lua/record.lua).
+	Meta, Users, Orders, Deadlines string
 	// Recovering exists while a sale rebuilt after a Redis loss may have
 	// orders in flight whose keys Redis forgot.
 	Recovering string
@@ -59,10 +59,8 @@ func KeysFor(prefix string, id int64) Keys {
 	return Keys{
 		Meta:       base + "meta",
 		Users:      base + "users",
-		Idem:       base + "idem",
 		Orders:     base + "orders",
 		Deadlines:  base + "deadlines",
-		OrderKeys:  base + "keys",
 		Recovering: base + "recovering",
 	}
 }
@@ -105,7 +103,6 @@ type Client interface {
 	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	ZAddXX(ctx context.Context, key string, members ...redis.Z) *redis.IntCmd
-	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
 }
 
@@ -179,7 +176,7 @@ var ErrScript = errors.New("unexpected script reply")
 func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	k := s.Keys(r.ActivityID)
 	v, err := lua.Reserve.Run(ctx, s.rdb,
-		[]string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys, k.Recovering},
+		[]string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering},
 		r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds()).Slice()
 	if err != nil {
 		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
@@ -192,6 +189,11 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	case Reserved:
 		res.OrderID = str(at(v, 1))
 		res.Deadline = time.UnixMilli(num(at(v, 2)))
+		if num(at(v, 2)) == 0 {
+			// A repeat that found its order settled (a settled record keeps
+			// no deadline): the bound of what the caller still does for it.
+			res.Deadline = time.Now().Add(r.TTL)
+		}
 	case Replay:
 		res.OrderID = str(at(v, 1))
 		if st := str(at(v, 2)); st != "" {
@@ -250,12 +252,8 @@ func (s *Store) Release(ctx context.Context, activityID int64, orderID, reason s
 // means: nothing is, or ever will be, reserved under orderID.
 func (s *Store) Undo(ctx context.Context, activityID int64, orderID, reason, userID, idemKey string) (ReleaseOutcome, error) {
 	k := s.Keys(activityID)
-	field := ""
-	if idemKey != "" {
-		field = userID + ":" + idemKey
-	}
-	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem},
-		orderID, reason, Channel(s.prefix), activityID, field, userID).Slice()
+	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines},
+		orderID, reason, Channel(s.prefix), activityID, idemKey, userID).Slice()
 	if err != nil {
 		return "", fmt.Errorf("release %s: %w", orderID, err)
 	}
@@ -445,33 +443,52 @@ type Record struct {
 	Adopted bool
 }
 
-// queuedMark is field 5 of an open (P or C) record whose message the broker
-// confirmed (lua/queued.lua); adoptedMark that of one a replay publishes.
+// queuedMark ends an open (P or C) record whose message the broker
+// confirmed (lua/queued.lua); adoptedMark one a replay publishes.
 const (
 	queuedMark  = "q"
 	adoptedMark = "a"
 )
 
-// ParseRecord decodes "state|qty|user|deadline_ms|reason".
+// ParseRecord decodes a record (lua/record.lua): "<S><qty>|<user>" then
+// "|<deadline_ms>|<mark>" while open (P, C) or "|<reason>" when failed.
 func ParseRecord(orderID, raw string) (Record, error) {
-	parts := strings.SplitN(raw, "|", 5)
-	if len(parts) != 5 || len(parts[0]) != 1 {
+	bad := func() (Record, error) {
 		return Record{}, fmt.Errorf("order %s: %w: record %q", orderID, ErrScript, raw)
 	}
-	q, err := strconv.ParseInt(parts[1], 10, 64)
-	if err != nil {
-		return Record{}, fmt.Errorf("order %s: bad quantity in %q", orderID, raw)
+	head, rest, _ := strings.Cut(raw, "|")
+	if len(head) < 2 {
+		return bad()
 	}
-	rec := Record{OrderID: orderID, State: State(parts[0][0]), Quantity: q, UserID: parts[2], Reason: parts[4]}
-	if rec.State == Pending || rec.State == Claimed {
-		rec.Queued, rec.Adopted, rec.Reason = rec.Reason == queuedMark, rec.Reason == adoptedMark, ""
+	q, err := strconv.ParseInt(head[1:], 10, 64)
+	if err != nil || q < 0 {
+		return bad()
 	}
-	if parts[3] != "" {
-		ms, err := strconv.ParseInt(parts[3], 10, 64)
-		if err != nil {
-			return Record{}, fmt.Errorf("order %s: bad deadline in %q", orderID, raw)
+	rec := Record{OrderID: orderID, State: State(head[0]), Quantity: q}
+	var tail string
+	rec.UserID, tail, _ = strings.Cut(rest, "|")
+	switch rec.State {
+	case Pending, Claimed:
+		d, mark, ok := strings.Cut(tail, "|")
+		if !ok {
+			return bad()
 		}
-		rec.Deadline = time.UnixMilli(ms).UTC()
+		if d != "" {
+			ms, err := strconv.ParseInt(d, 10, 64)
+			if err != nil {
+				return bad()
+			}
+			rec.Deadline = time.UnixMilli(ms).UTC()
+		}
+		rec.Queued, rec.Adopted = mark == queuedMark, mark == adoptedMark
+	case Failed:
+		rec.Reason = tail
+	case Confirmed:
+		if tail != "" {
+			return bad()
+		}
+	default:
+		return bad()
 	}
 	return rec, nil
 }
@@ -528,7 +545,7 @@ type ArchiveArgs struct {
 // the id off the activity set (Deactivate).
 func (s *Store) Archive(ctx context.Context, activityID int64, a ArchiveArgs) (out ArchiveOutcome, gen int64, err error) {
 	k := s.Keys(activityID)
-	v, err := lua.Archive.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys},
+	v, err := lua.Archive.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines},
 		a.Gen, a.Total, a.Sold, a.Grace.Milliseconds(), a.SummaryTTL.Milliseconds()).Slice()
 	if err != nil {
 		return "", 0, fmt.Errorf("archive activity %d: %w", activityID, err)
@@ -595,16 +612,42 @@ func num(x any) int64 {
 	return 0
 }
 
-// IdempotencyKey returns the key an order was reserved with ("" for none).
-func (s *Store) IdempotencyKey(ctx context.Context, activityID int64, orderID string) (string, error) {
-	k, err := s.rdb.HGet(ctx, s.Keys(activityID).OrderKeys, orderID).Result()
+// UserEntry is a user's entry in a sale (lua/record.lua): the units it
+// holds (pending and confirmed) and the order id of each idempotency key it
+// reserved with.
+type UserEntry struct {
+	Held int64
+	Keys map[string]string
+}
+
+// ParseUser decodes a user's entry: "<held>" then "\n<key>\t<order id>" per key.
+func ParseUser(raw string) (UserEntry, error) {
+	lines := strings.Split(raw, "\n")
+	n, err := strconv.ParseInt(lines[0], 10, 64)
+	if err != nil {
+		return UserEntry{}, fmt.Errorf("%w: user entry %q", ErrScript, raw)
+	}
+	u := UserEntry{Held: n, Keys: map[string]string{}}
+	for _, l := range lines[1:] {
+		k, oid, ok := strings.Cut(l, "\t")
+		if !ok {
+			return UserEntry{}, fmt.Errorf("%w: user entry %q", ErrScript, raw)
+		}
+		u.Keys[k] = oid
+	}
+	return u, nil
+}
+
+// User reads a user's entry; a user without one holds nothing.
+func (s *Store) User(ctx context.Context, activityID int64, userID string) (UserEntry, error) {
+	raw, err := s.rdb.HGet(ctx, s.Keys(activityID).Users, userID).Result()
 	if errors.Is(err, redis.Nil) {
-		return "", nil
+		return UserEntry{Keys: map[string]string{}}, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("idempotency key of order %s: %w", orderID, err)
+		return UserEntry{}, fmt.Errorf("read user %s of activity %d: %w", userID, activityID, err)
 	}
-	return k, nil
+	return ParseUser(raw)
 }
 
 // Forget drops orders from the deadline index (they are settled already).
@@ -742,28 +785,24 @@ type Decided struct {
 	Reason                          string
 }
 
-// Restore writes back, after Redis lost a sale, the records and idempotency
-// keys of orders MySQL has decided, so that a client retrying with its key
-// gets its order again instead of a second one. Existing entries win (HSETNX):
-// anything Redis learnt since the rebuild is newer.
+// Restore writes back the records and idempotency keys of orders MySQL has
+// decided (lua/restore.lua), after Redis lost a sale or before an archived
+// one reopens, so that a client retrying with its Idempotency-Key gets its
+// order again instead of a second one. What Redis holds wins: anything it
+// learnt is newer.
 func (s *Store) Restore(ctx context.Context, activityID int64, orders []Decided) error {
 	k := s.Keys(activityID)
-	for start := 0; start < len(orders); start += 1000 {
-		chunk := orders[start:min(start+1000, len(orders))]
-		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, o := range chunk {
-				state := "F"
-				if o.Confirmed {
-					state = "K"
-				}
-				p.HSetNX(ctx, k.Orders, o.OrderID, state+"|"+strconv.FormatInt(o.Quantity, 10)+"|"+o.UserID+"||"+o.Reason)
-				if o.IdempotencyKey != "" {
-					p.HSetNX(ctx, k.Idem, o.UserID+":"+o.IdempotencyKey, o.OrderID)
-				}
+	for start := 0; start < len(orders); start += 500 {
+		chunk := orders[start:min(start+500, len(orders))]
+		args := make([]any, 0, 6*len(chunk))
+		for _, o := range chunk {
+			state := "F"
+			if o.Confirmed {
+				state = "K"
 			}
-			return nil
-		})
-		if err != nil {
+			args = append(args, o.OrderID, state, o.Reason, o.Quantity, o.UserID, o.IdempotencyKey)
+		}
+		if err := lua.Restore.Run(ctx, s.rdb, []string{k.Users, k.Orders}, args...).Err(); err != nil {
 			return fmt.Errorf("restore %d orders of activity %d: %w", len(chunk), activityID, err)
 		}
 	}

@@ -175,11 +175,8 @@ func TestReserveWritesEverything(t *testing.T) {
 	if s := meta(t, st, id); s.Pending != 2 || s.Sold != 0 || s.Available() != 8 {
 		t.Errorf("sale after reserve = %+v", s)
 	}
-	if v := rdb.HGet(context.Background(), k.Users, "alice").Val(); v != "2" {
-		t.Errorf("users[alice] = %q, want 2", v)
-	}
-	if v := rdb.HGet(context.Background(), k.Idem, "alice:k-1").Val(); v != oid {
-		t.Errorf("idem = %q, want %s", v, oid)
+	if u, err := st.User(context.Background(), id, "alice"); err != nil || u.Held != 2 || u.Keys["k-1"] != oid || len(u.Keys) != 1 {
+		t.Errorf("users[alice] = %+v %v, want 2 held and k-1 -> %s", u, err, oid)
 	}
 	rec, found, err := st.Order(context.Background(), id, oid)
 	servicetest.Must(t, err, "order")
@@ -279,7 +276,7 @@ func TestReserveRejectsNonIntegerQuantity(t *testing.T) {
 	warm(t, st, rdb, id, open)
 	k := st.Keys(id)
 	for _, q := range []string{"1.5", "abc", "", "1e0x"} {
-		v, err := lua.Reserve.Run(context.Background(), rdb, []string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines},
+		v, err := lua.Reserve.Run(context.Background(), rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering},
 			"u", "", q, ordermsg.NewOrderID(id), ttl.Milliseconds()).Slice()
 		servicetest.Must(t, err, "reserve %q", q)
 		if len(v) < 1 || v[0] != "bad_quantity" {
@@ -320,7 +317,7 @@ func TestReleaseVersusClaim(t *testing.T) {
 		if s := meta(t, st, id); s.Pending != 2 {
 			t.Errorf("pending = %d, want 2 (the worker still holds it)", s.Pending)
 		}
-		if v := rdb.HGet(ctx, st.Keys(id).Idem, "a:ka").Val(); v != r.OrderID {
+		if u, _ := st.User(ctx, id, "a"); u.Keys["ka"] != r.OrderID {
 			t.Error("the key of a claimed order was forgotten")
 		}
 		// The worker settles it confirmed; a late release still changes nothing.
@@ -453,7 +450,7 @@ func TestWarmKeepsLiveCounters(t *testing.T) {
 	// Rebuild after a loss of the whole sale needs MySQL's user totals when
 	// units were sold (a partial loss: TestWarmAfterMetaLossCountsSurvivingReservations).
 	k := st.Keys(id)
-	servicetest.Must(t, rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem).Err(), "del")
+	servicetest.Must(t, rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "del")
 	args.Sold = 3
 	if out, _, _ = st.Warm(ctx, id, args); out != reservation.WarmNeedUsers {
 		t.Fatalf("rebuild without users = %s", out)
@@ -505,7 +502,7 @@ func BenchmarkRawEvalSha(b *testing.B) {
 	servicetest.Must(b, lua.Preload(ctx, rdb), "preload")
 	sha := lua.Reserve.Hash()
 	k := st.Keys(id)
-	keys := []string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines}
+	keys := []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering}
 	users, oids := make([]string, b.N), make([]string, b.N)
 	for i := range users {
 		users[i], oids[i] = "u"+strconv.Itoa(i), ordermsg.NewOrderID(id)
@@ -538,8 +535,8 @@ func TestWarmAfterMetaLossCountsSurvivingReservations(t *testing.T) {
 	if s := meta(t, st, id); s.Pending != 3 || s.Sold != 0 {
 		t.Fatalf("after the rebuild: %+v, want pending 3", s)
 	}
-	if held := rdb.HGet(ctx, st.Keys(id).Users, "d").Val(); held != "2" {
-		t.Errorf("d holds %q after the rebuild, want 2", held)
+	if u, _ := st.User(ctx, id, "d"); u.Held != 2 || u.Keys["kd"] != a.OrderID {
+		t.Errorf("d holds %+v after the rebuild, want 2 and its key", u)
 	}
 	out, err := st.Release(ctx, id, a.OrderID, "expired")
 	servicetest.Must(t, err, "release")

@@ -117,13 +117,13 @@ func TestDrainWaitsForAcceptedOrders(t *testing.T) {
 	d, _ := drainFixture(t, 0, 0)
 	d.Accepted = []string{"a1", "a2"}
 	keys := reservation.KeysFor(d.Prefix, actID)
-	d.Redis.HSet(context.Background(), keys.Orders, "a1", "P|1|u||", "a2", "K|1|u||")
+	d.Redis.HSet(context.Background(), keys.Orders, "a1", "P1|u||", "a2", "K1|u")
 	res, err := d.Wait(context.Background(), actID, 300*time.Millisecond, nil)
 	servicetest.Must(t, err, "wait")
 	if res.Drained || res.Final.Undecided != 2 || !strings.Contains(res.Problem, "2 accepted orders undecided") {
 		t.Fatalf("got %+v", res)
 	}
-	d.Redis.HSet(context.Background(), keys.Orders, "a1", "F|1|u||released")
+	d.Redis.HSet(context.Background(), keys.Orders, "a1", "F1|u|released")
 	_, err = d.DB.Exec("INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES ('a2', ?, 'u', 1, 'confirmed')", actID)
 	servicetest.Must(t, err, "insert")
 	if res, err = d.Wait(context.Background(), actID, 5*time.Second, nil); err != nil || !res.Drained {

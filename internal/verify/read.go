@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -161,13 +160,13 @@ func (c *Checker) readRedis(ctx context.Context, id int64) (RedisState, error) {
 		return r, fmt.Errorf("hgetall %s: %w", k.Users, err)
 	}
 	for u, s := range users {
-		n, err := strconv.ParseInt(s, 10, 64)
+		e, err := reservation.ParseUser(s)
 		if err != nil {
-			r.Unreadable = append(r.Unreadable, fmt.Sprintf("%s has a bad count %q for user %s", k.Users, s, u))
+			r.Unreadable = append(r.Unreadable, fmt.Sprintf("%s has a bad entry %q for user %s", k.Users, s, u))
 			continue
 		}
-		if n != 0 {
-			r.Users[u] = n
+		if e.Held != 0 {
+			r.Users[u] = e.Held
 		}
 	}
 	return r, nil

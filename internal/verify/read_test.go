@@ -89,7 +89,11 @@ func (f *fixture) order(t *testing.T, id, user, key string, qty int, status, rea
 		f.rdb.HIncrBy(ctx, f.keys.Meta, "sold", int64(qty))
 		f.rdb.HIncrBy(ctx, f.keys.Users, user, int64(qty))
 	}
-	f.rdb.HSet(ctx, f.keys.Orders, id, fmt.Sprintf("%s|%d|%s||%s", state, qty, user, reason))
+	rec := fmt.Sprintf("K%d|%s", qty, user) // lua/record.lua's encodings
+	if state == "F" {
+		rec = fmt.Sprintf("F%d|%s|%s", qty, user, reason)
+	}
+	f.rdb.HSet(ctx, f.keys.Orders, id, rec)
 	f.input.Accepted = append(f.input.Accepted, Accepted{OrderID: id, UserID: user, Key: key})
 }
 
@@ -166,7 +170,7 @@ func TestCheck(t *testing.T) {
 		break_: func(t *testing.T, f *fixture) {
 			f.rdb.HIncrBy(ctx, f.keys.Meta, "pending", 1)
 			f.rdb.HIncrBy(ctx, f.keys.Users, "u8", 1)
-			f.rdb.HSet(ctx, f.keys.Orders, "o8", "P|1|u8|1|")
+			f.rdb.HSet(ctx, f.keys.Orders, "o8", "P1|u8|1|")
 			f.rdb.ZAdd(ctx, f.keys.Deadlines, redis.Z{Score: 1, Member: "o8"})
 		},
 		want:    Verdict{Sold: 7, Stock: 10, Pending: 1},
@@ -175,7 +179,7 @@ func TestCheck(t *testing.T) {
 		name: "Redis and MySQL disagree",
 		break_: func(t *testing.T, f *fixture) {
 			f.rdb.HIncrBy(ctx, f.keys.Meta, "sold", -1)
-			f.rdb.HSet(ctx, f.keys.Orders, "o3", "F|1|u3||released")
+			f.rdb.HSet(ctx, f.keys.Orders, "o3", "F1|u3|released")
 			f.rdb.HDel(ctx, f.keys.Users, "u3")
 		},
 		want: Verdict{Sold: 7, Stock: 10},

@@ -58,10 +58,19 @@ func (s *Service) loadUsers(ctx context.Context, id int64) (map[string]int64, er
 // lost the sale (or archived it, and a reopens it) and MySQL has sold units.
 // With createOnly (a rebuild) a sale that exists in Redis is left alone.
 // A sale built anew gets the records and keys of the orders MySQL decided,
-// so that a client retrying with its Idempotency-Key finds its order.
+// so that a client retrying with its Idempotency-Key finds its order: a
+// rebuild restores them before it calls warm, and an admin change that
+// builds the sale (it reopens an archived sale, or Redis lost it) here,
+// before the warm makes the sale visible — a keyed replay arriving in
+// between would otherwise reserve a second order for its key.
 func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly bool) (reservation.WarmOutcome, reservation.Sale, error) {
 	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold,
 		CreateOnly: createOnly, Gen: a.Gen}
+	if !createOnly {
+		if err := s.restoreIfBuilt(ctx, id, a.Gen); err != nil {
+			return "", reservation.Sale{}, err
+		}
+	}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 	out, sale, err := s.store.Warm(rctx, id, args)
 	cancel()
@@ -80,14 +89,31 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 		out, sale, err = s.store.Warm(rctx, id, args)
 		cancel()
 	}
-	// A rebuild (createOnly) restored before the sale existed again; an
-	// admin change that built the sale anew (a reopened archive) restores now.
-	if err == nil && out == reservation.WarmCreated && !createOnly {
-		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-		err = salesdb.Restore(qctx, s.db, s.store, id, 0)
-		cancel()
+	if err == nil && out == reservation.WarmCreated && !createOnly && s.afterWarm != nil {
+		s.afterWarm(id)
 	}
 	return out, sale, err
+}
+
+// restoreIfBuilt restores MySQL's decided orders of a sale that a warm of
+// generation gen will build anew: Redis holds none of it, or only the
+// summary of an archive older than gen (warm.lua reopens it). The caller
+// holds the activity's row lock, so no other admin change or archive moves
+// the sale meanwhile; a rebuild that builds it first finds the same orders
+// (what Redis holds wins, see lua/restore.lua).
+func (s *Service) restoreIfBuilt(ctx context.Context, id, gen int64) error {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+	cur, found, err := s.store.Sale(rctx, id)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if found && !(cur.Archived && cur.Gen < gen) {
+		return nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	return salesdb.Restore(qctx, s.db, s.store, id, 0)
 }
 
 // errArchived: the sale is archived; MySQL answers for it.

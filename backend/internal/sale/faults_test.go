@@ -375,7 +375,7 @@ func TestRedisLossKeepsKeyedRetriesOnOneOrder(t *testing.T) {
 	servicetest.Must(t, err, "purchases")
 
 	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys, k.Recovering).Err(), "lose the sale")
+	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering).Err(), "lose the sale")
 
 	res, err := r.purchase("lossy", "k")
 	mustUnavailable(t, res, err)
@@ -423,7 +423,8 @@ func TestAdoptedPublishFailureKeepsTheKey(t *testing.T) {
 	if status != "failed" || reason != "publish_failed" {
 		t.Errorf("MySQL row %s/%s, want failed/publish_failed", status, reason)
 	}
-	if got, _ := r.rdb.HGet(ctx, r.direct.Keys(act).Idem, "adopter:k").Result(); got != orphan.OrderID {
+	if u, _ := r.direct.User(ctx, act, "adopter"); u.Keys["k"] != orphan.OrderID {
+		got := u.Keys["k"]
 		t.Errorf("key now names %q, want %s", got, orphan.OrderID)
 	}
 	r.publish.Store(nil)

@@ -13,6 +13,7 @@ import (
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
+	"github.com/seckill/seckill/lua"
 )
 
 // The first attempt's reserve ran but its reply was lost; its background
@@ -90,7 +91,7 @@ func TestPublishThatMayHaveArrivedIsRefusedInMySQL(t *testing.T) {
 	}
 	// Redis loses the sale (only this test's keys).
 	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(context.Background(), k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys).Err(), "lose")
+	servicetest.Must(t, r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose")
 	states, err := r.direct.Claim(context.Background(), act, []string{oid})
 	servicetest.Must(t, err, "claim")
 	var status string
@@ -111,7 +112,7 @@ func TestKeyedRetryAfterRedisLossNeverGetsSecondOrderID(t *testing.T) {
 		t.Fatalf("first = %+v %v", first, err)
 	}
 	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(context.Background(), k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys).Err(), "lose")
+	servicetest.Must(t, r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose")
 	again, err := r.purchase("keyed", "k")
 	if err == nil && again.OrderID != first.OrderID {
 		t.Errorf("retry with key k after the loss = 202 %s; the key was answered with %s (want that order, or 503)", again.OrderID, first.OrderID)
@@ -140,8 +141,8 @@ func TestFailedRestoreIsRetriedByTheNextRequest(t *testing.T) {
 	_, err = r.db.Exec(`UPDATE activities SET stock = stock - 1, sold = sold + 1 WHERE id = ?`, act)
 	servicetest.Must(t, err, "sold")
 	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys).Err(), "lose")
-	cut := r.fp.Once(faultnet.Rule{Dir: faultnet.Up, Match: faultnet.Contains("hsetnx"), Cut: true})
+	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose")
+	cut := r.fp.Once(faultnet.Rule{Dir: faultnet.Up, Match: faultnet.Contains(lua.Restore.Hash()), Cut: true})
 	res, err := r.purchase("someone", "")
 	select {
 	case <-cut:

@@ -69,6 +69,9 @@ type Service struct {
 	waiters *orderwait.Hub
 	flight  group
 	now     func() time.Time
+	// afterWarm, when set (tests), runs once an admin change's warm has
+	// built the sale anew, before anything else happens.
+	afterWarm func(id int64)
 
 	bg        sync.WaitGroup // background undos
 	undoSlots chan struct{}  // bounds the undos in the background

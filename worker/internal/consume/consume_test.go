@@ -424,7 +424,7 @@ func TestConsumeRefusedOrderStaysFailedAfterRedisLoss(t *testing.T) {
 	}
 	s.publishOrders(o) // the message the broker had all along
 	k := s.res.Keys(41)
-	servicetest.Must(t, rdb.Del(context.Background(), k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys).Err(), "lose Redis")
+	servicetest.Must(t, rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose Redis")
 	r := s.start(testConfig(s.topo), nil)
 	waitFor(t, "the order decided", func() bool { return s.countOrders() == 1 && s.depth(s.topo.Queue) == 0 })
 	r.shutdown(t)

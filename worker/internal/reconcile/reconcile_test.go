@@ -184,7 +184,7 @@ func TestLostSaleIsRebuilt(t *testing.T) {
 	_, err := r.db.Exec(`UPDATE orders SET idempotency_key = 'key-a' WHERE order_id = ?`, ids["alice"])
 	servicetest.Must(t, err, "set key")
 	k := r.store.Keys(act)
-	r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem)
+	r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines)
 	rep := r.pass(t, false)
 	if !strings.Contains(strings.Join(rep.Repairs, ";"), "rebuilt") {
 		t.Fatalf("repairs = %v", rep.Repairs)
@@ -195,9 +195,10 @@ func TestLostSaleIsRebuilt(t *testing.T) {
 	if s.Total != 10 || s.Sold != 3 || s.Pending != 0 || s.Limit != 3 {
 		t.Errorf("rebuilt sale %+v", s)
 	}
-	held, _ := r.rdb.HGetAll(context.Background(), k.Users).Result()
-	if held["alice"] != "2" || held["bob"] != "1" {
-		t.Errorf("rebuilt users = %v", held)
+	alice, _ := r.store.User(context.Background(), act, "alice")
+	bob, _ := r.store.User(context.Background(), act, "bob")
+	if alice.Held != 2 || alice.Keys["key-a"] != ids["alice"] || bob.Held != 1 {
+		t.Errorf("rebuilt users: alice %+v, bob %+v", alice, bob)
 	}
 	// Decided orders and their keys are back: alice retrying with her key gets
 	// her order, not a second one.
@@ -226,7 +227,7 @@ func TestArchivedSaleIsNotRebuilt(t *testing.T) {
 	_, err := r.db.Exec(`UPDATE activities SET archived_at = UTC_TIMESTAMP(3) WHERE id = ?`, act)
 	servicetest.Must(t, err, "archive in MySQL")
 	k := r.store.Keys(act)
-	r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Idem, k.OrderKeys)
+	r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines)
 	if rep := r.pass(t, false); !rep.Archived || len(rep.Repairs) != 0 {
 		t.Fatalf("report %s", rep)
 	}
@@ -254,7 +255,7 @@ func TestReopenedSaleIsRebuiltFromItsSummary(t *testing.T) {
 	k := r.store.Keys(act)
 	// Archived at generation 0 (carol's open reservation dropped with it, as
 	// if released), then reopened in MySQL at generation 1.
-	r.rdb.Del(ctx, k.Users, k.Orders, k.Deadlines, k.Idem, k.OrderKeys)
+	r.rdb.Del(ctx, k.Users, k.Orders, k.Deadlines)
 	r.rdb.HSet(ctx, k.Meta, "archived", 1, "sold", 3, "pending", 0, "gen", 0)
 	_, err := r.db.Exec(`UPDATE activities SET generation = 1, archived_at = NULL WHERE id = ?`, act)
 	servicetest.Must(t, err, "reopen in MySQL")

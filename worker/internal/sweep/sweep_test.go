@@ -165,8 +165,8 @@ func TestSweepResolvesOverdueReservations(t *testing.T) {
 	if n, _ := r.rdb.ZCard(ctx, r.store.Keys(act).Deadlines).Result(); n != 0 {
 		t.Errorf("%d orders still indexed", n)
 	}
-	if held, _ := r.rdb.HGet(ctx, r.store.Keys(act).Users, "bob").Result(); held != "" {
-		t.Errorf("bob still holds %q units", held)
+	if u, _ := r.store.User(ctx, act, "bob"); u.Held != 0 {
+		t.Errorf("bob still holds %d units", u.Held)
 	}
 }
 
@@ -215,7 +215,7 @@ func TestSweepKeepsUpWithBacklog(t *testing.T) {
 			k := r.store.Keys(act)
 			// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT (other
 			// tests flush the script cache of the shared Redis).
-			lua.Reserve.Eval(ctx, p, []string{k.Meta, k.Users, k.Idem, k.Orders, k.Deadlines, k.OrderKeys, k.Recovering},
+			lua.Reserve.Eval(ctx, p, []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering},
 				fmt.Sprintf("u%05d", i), "", 1, ids[i], 1)
 		}
 		return nil
