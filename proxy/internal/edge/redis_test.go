@@ -12,13 +12,6 @@ import (
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
-// privateRedis starts a throwaway redis-server on a random port, so that
-// killing or pausing it disturbs no other test.
-func privateRedis(t *testing.T) string {
-	t.Helper()
-	return servicetest.PrivateRedis(t).Addr
-}
-
 func killRedis(t *testing.T, addr string) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
