@@ -131,6 +131,7 @@ func TestBadFiles(t *testing.T) {
 		{"jwt unknown key", "[proxy.identity]\njwt = { alg = \"HS256\", key_file = \"/k\", algs = [] }", []string{"proxy.identity.jwt.algs: unknown key"}},
 		{"publish not below ttl", "[backend]\npublish_timeout = \"40s\"", []string{"backend.publish_timeout: must be shorter"}},
 		{"bad cidr", "[proxy]\ntrusted_proxies = [\"10.0.0.0/33\"]", []string{"proxy.trusted_proxies[0]: must be a CIDR"}},
+		{"tiny client state bound", "[proxy]\nmax_client_states = 10", []string{"proxy.max_client_states: must be between 64 and 100000000, got 10"}},
 		{"bad upstream", "[proxy]\nupstreams = [\"ftp://x\"]", []string{"proxy.upstreams[0]"}},
 		{"rule without windows", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"", []string{"proxy.rules[0]: needs per_ip, global or both"}},
 		{"rule bad mode", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nglobal = { limit = 1, window = \"1s\" }\non_redis_error = \"maybe\"", []string{"proxy.rules[0].on_redis_error"}},

@@ -13,4 +13,6 @@ var (
 	Warm    = load("warm.lua", record)
 	Archive = load("archive.lua")
 	Restore = load("restore.lua", record)
+	// Recovered ends a sale's recovery after a Redis loss (its drain marker).
+	Recovered = load("recovered.lua")
 )

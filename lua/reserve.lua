@@ -5,9 +5,10 @@
 --                          and the user's idempotency keys -> order ids
 -- KEYS[3] orders     hash  order id -> record
 -- KEYS[4] deadlines  zset  order id -> deadline (ms) while pending or claimed
--- KEYS[5] recovering string, set (with an expiry) while a sale rebuilt after a
---                          Redis loss may still have orders in flight whose keys
---                          Redis forgot: an unknown key then answers "unsure"
+-- KEYS[5] recovering string, the recovery token, set while a sale rebuilt after
+--                          a Redis loss may still have orders in the queue that
+--                          Redis forgot (their keys, their units): a key Redis does
+--                          not know, and every new reservation, then answers "unsure"
 -- (record.lua has the encodings of records and user entries.)
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
@@ -31,8 +32,10 @@
 --                                            and the backend's undo of the attempt that
 --                                            reserved it answers "taken"
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
---   {"unsure"}                               a key Redis does not know, while recovering:
---                                            it may belong to an order still in the queue
+--   {"unsure", token}                        while recovering, a request that would reserve:
+--                                            its key may belong to an order still in the
+--                                            queue, and the units of those orders are not
+--                                            counted in pending; nothing reserved
 --   {"bad_quantity", limit}                  quantity outside 1..limit
 --   {"not_started", start_ms} | {"ended", end_ms}
 --   {"limit_exceeded", held, limit}
@@ -78,9 +81,6 @@ if key ~= '' then
     end
     return {'replay', prior, '?', 0, 0, 0}
   end
-  if redis.call('EXISTS', KEYS[5]) == 1 then
-    return {'unsure'}
-  end
 end
 local qty = tonumber(ARGV[3])
 local total, sold, pending = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3])
@@ -95,6 +95,10 @@ if now < start_ms then
 end
 if now >= end_ms then
   return {'ended', end_ms}
+end
+local recovering = redis.call('GET', KEYS[5])
+if recovering then
+  return {'unsure', recovering}
 end
 if held + qty > limit then
   return {'limit_exceeded', held, limit}

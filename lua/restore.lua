@@ -7,7 +7,8 @@
 -- warm.lua sets them from MySQL, and keeps the key indexes written here.
 --
 -- KEYS[1] users, KEYS[2] orders (see reserve.lua)
--- ARGV: six values per order: order id, "K" | "F", reason, quantity, user
+-- ARGV: six values per order: order id, "K" | "F" | "" (the key only: the
+-- record is settle.lua's to write, with the counters), reason, quantity, user
 -- id and its idempotency key ("" for none)
 --
 -- Returns the number of records written.
@@ -15,7 +16,9 @@
 local written = 0
 for i = 1, #ARGV, 6 do
   local oid, state, reason, qty, user, key = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
-  written = written + redis.call('HSETNX', KEYS[2], oid, rec_done(state, qty, user, reason))
+  if state ~= '' then
+    written = written + redis.call('HSETNX', KEYS[2], oid, rec_done(state, qty, user, reason))
+  end
   if key ~= '' then
     local held, index = user_get(KEYS[1], user)
     if not key_find(index, key) then

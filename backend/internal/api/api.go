@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/backend/internal/sale"
+	"github.com/seckill/seckill/internal/connlimit"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/ordermsg"
 )
@@ -78,6 +80,9 @@ type Config struct {
 	// StateTTL is how long a sale state may be cached (the service's own
 	// cache TTL): the freshness the answer announces.
 	StateTTL time.Duration
+	// MaxConns bounds the connections served at once (Listener);
+	// 0: fasthttp's default bound.
+	MaxConns int
 }
 
 // API holds the handlers.
@@ -162,7 +167,26 @@ func (a *API) Server() *fasthttp.Server {
 		},
 		ErrorHandler: a.serverError,
 		Logger:       slogPrintf{a.log},
+		// Listener bounds connections first, with the API's answer.
+		Concurrency: 2 * a.maxConns(),
 	}
+}
+
+// Listener wraps ln with the connection bound (Config.MaxConns): beyond it
+// a connection gets the API's 503 unavailable with Retry-After, not
+// fasthttp's text/plain answer, and is closed.
+func (a *API) Listener(ln net.Listener) net.Listener {
+	body, _ := json.Marshal(errorBody{Code: CodeUnavailable, Message: "too many connections; retry later"})
+	secs, _ := strconv.Atoi(a.retryAfter)
+	return connlimit.Listen(ln, connlimit.Config{Max: a.maxConns(), Busy: connlimit.Answer{
+		Status: fasthttp.StatusServiceUnavailable, ContentType: "application/json", Body: body, RetryAfter: secs}})
+}
+
+func (a *API) maxConns() int {
+	if a.cfg.MaxConns > 0 {
+		return a.cfg.MaxConns
+	}
+	return fasthttp.DefaultConcurrency
 }
 
 type slogPrintf struct{ log *slog.Logger }

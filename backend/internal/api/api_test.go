@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/backend/internal/api"
 	"github.com/seckill/seckill/backend/internal/sale"
@@ -49,6 +50,10 @@ func (h *hookPublisher) Publish(ctx context.Context, o ordermsg.Order) error {
 		return h.hook(o, err)
 	}
 	return err
+}
+
+func (h *hookPublisher) PublishMarker(ctx context.Context, m ordermsg.Marker) error {
+	return h.real.PublishMarker(ctx, m)
 }
 
 type stack struct {
@@ -130,7 +135,7 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb redis.UniversalClient, dsn s
 		{Name: "mysql", Fn: db.PingContext},
 		{Name: "rabbitmq", Fn: func(context.Context) error { return real.Ready() }},
 	}, reg, log, api.NewMetrics(reg))
-	addr := servicetest.Serve(t, a.Server())
+	addr := servicetest.Serve(t, a.Server(), a.Listener)
 
 	conn, err := amqp.Dial(servicetest.AMQPURL())
 	servicetest.Must(t, err, "dial")
@@ -727,4 +732,43 @@ func TestAdminStockChanges(t *testing.T) {
 	if r := s.put(t, id, 20, 3, start, end); r.status != 200 || r.body["available"] != 15.0 {
 		t.Errorf("raise: %d %s", r.status, r.raw)
 	}
+}
+
+// A connection beyond the backend's bound gets the API's 503 (JSON with a
+// code, Retry-After) instead of fasthttp's text/plain refusal; the
+// connection held still serves.
+func TestConnectionBoundAnswersLikeTheAPI(t *testing.T) {
+	t.Parallel()
+	s := newStackWith(t, time.Second, slog.New(slog.DiscardHandler), func(c *api.Config) { c.MaxConns = 1 })
+	addr := strings.TrimPrefix(s.url, "http://")
+	held, err := net.Dial("tcp", addr)
+	servicetest.Must(t, err, "dial")
+	defer held.Close()
+	hr := bufio.NewReader(held)
+	get := func() {
+		t.Helper()
+		_, err := held.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+		servicetest.Must(t, err, "write")
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseResponse(resp)
+		_ = held.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if err := resp.Read(hr); err != nil || resp.StatusCode() != 200 {
+			t.Fatalf("held connection: %d %v", resp.StatusCode(), err)
+		}
+	}
+	get()
+	c, err := net.Dial("tcp", addr)
+	servicetest.Must(t, err, "dial")
+	defer c.Close()
+	_, _ = c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	servicetest.Must(t, resp.Read(bufio.NewReader(c)), "read the refusal")
+	var body map[string]string
+	if resp.StatusCode() != 503 || string(resp.Header.ContentType()) != "application/json" ||
+		string(resp.Header.Peek("Retry-After")) != "1" || json.Unmarshal(resp.Body(), &body) != nil || body["code"] != "unavailable" {
+		t.Fatalf("refused connection: %d %q Retry-After %q: %s", resp.StatusCode(), resp.Header.ContentType(), resp.Header.Peek("Retry-After"), resp.Body())
+	}
+	get()
 }

@@ -225,7 +225,7 @@ func (s *stack) secondBackend(t *testing.T, scfg sale.Config) string {
 	a := api.New(svc, api.Config{AdminToken: token, MaxBodyBytes: 4096, AdminBodyBytes: 65536, RetryAfter: time.Second,
 		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, IdleTimeout: time.Minute, StateTTL: scfg.StateTTL},
 		nil, nil, log, nil)
-	return "http://" + servicetest.Serve(t, a.Server())
+	return "http://" + servicetest.Serve(t, a.Server(), a.Listener)
 }
 
 func (s *stack) activity(t *testing.T, id int64) reply {

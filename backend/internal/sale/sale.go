@@ -32,9 +32,11 @@ var (
 	ErrConflict = errors.New("conflicting change")
 )
 
-// Publisher hands an order to the broker; nil only after the broker confirmed.
+// Publisher hands an order, or a drain marker, to the broker; nil only after
+// the broker confirmed.
 type Publisher interface {
 	Publish(ctx context.Context, o ordermsg.Order) error
+	PublishMarker(ctx context.Context, m ordermsg.Marker) error
 }
 
 // Config holds the timeouts and TTLs of the service.
@@ -48,10 +50,12 @@ type Config struct {
 	StateTTL        time.Duration // sale state answered from the local cache
 	OrderWaitMax    time.Duration // longest order long-poll
 	MaxOrderWaiters int           // order long-polls waiting at once
-	// RecoveryGrace is added to ReservationTTL for the window in which a
-	// sale rebuilt after a Redis loss answers 503 to unknown keys ([worker]
-	// republish_after: the sweeper's grace before it expires an order).
-	RecoveryGrace time.Duration
+	// RecoveryMax bounds the recovery of a sale rebuilt after a Redis loss
+	// (reservation_ttl + [worker] queued_expire_after: past it the sweeper
+	// takes any order queued before the loss as gone). The drain marker
+	// ends it as soon as the queue has delivered what was queued before;
+	// this bound only matters if no marker ever gets through.
+	RecoveryMax time.Duration
 }
 
 // Service runs purchases and admin changes.
@@ -72,6 +76,9 @@ type Service struct {
 	// afterWarm, when set (tests), runs once an admin change's warm has
 	// built the sale anew, before anything else happens.
 	afterWarm func(id int64)
+
+	markersMu sync.Mutex
+	markers   map[int64]markerSent // the last drain marker sent per recovering activity
 
 	bg        sync.WaitGroup // background undos
 	undoSlots chan struct{}  // bounds the undos in the background
@@ -94,6 +101,7 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 		now:       time.Now,
 		stop:      make(chan struct{}),
 		undoSlots: make(chan struct{}, maxUndos),
+		markers:   map[int64]markerSent{},
 	}
 }
 
@@ -181,6 +189,13 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	case reservation.Reserved:
 		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline), false)
 	case reservation.Unsure:
+		// The sale recovers from a Redis loss: make sure its drain marker
+		// is on its way, then answer from MySQL what Redis cannot.
+		s.sendMarker(r.ActivityID, res.Recovery)
+		if r.IdempotencyKey == "" {
+			s.m.purchased("recovering")
+			return PurchaseResult{}, fmt.Errorf("%w: activity %d recovers from a Redis loss: orders queued before it are not counted yet", ErrUnavailable, r.ActivityID)
+		}
 		return s.keyOrder(ctx, r)
 	case reservation.Replay:
 		if res.State == reservation.Pending && !res.Queued {
@@ -479,7 +494,18 @@ func (s *Service) markQueued(ctx context.Context, r PurchaseRequest, o ordermsg.
 	// Settled meanwhile (a worker was quick, or a replay's failed publish
 	// refused it) or lost with Redis (the queued message writes it).
 	rec, found, err := s.store.Order(rctx, r.ActivityID, o.OrderID)
-	if err != nil || !found {
+	if err != nil {
+		return "pending"
+	}
+	if !found {
+		// Redis lost the sale while this publish was in flight: its message
+		// may be queued after the drain marker of the rebuild, so the
+		// recovery may end before a worker writes it. Its key goes back
+		// now, so that a retry replays it rather than buy again.
+		d := reservation.Decided{OrderID: o.OrderID, UserID: r.UserID, IdempotencyKey: r.IdempotencyKey, Quantity: o.Quantity}
+		if err := s.store.RestoreKeys(rctx, r.ActivityID, []reservation.Decided{d}); err != nil {
+			s.log.Warn("key of an order confirmed after a Redis loss not restored", "order_id", o.OrderID, "err", err)
+		}
 		return "pending"
 	}
 	return rec.State.Public()

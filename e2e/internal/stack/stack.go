@@ -137,16 +137,14 @@ func New(t testing.TB, o Options) *Stack {
 
 	backend, worker := Binary(t, "backend"), Binary(t, "worker")
 	for i := range o.Backends {
-		addr := FreeAddr(t)
-		p := NewProc(t, backend, fmt.Sprintf("backend-%d", i), addr, s.Dir,
-			append(append([]string{}, s.Env...), conf.EnvBackendListen+"="+addr), "-config", s.ConfigPath)
+		p := NewProc(t, backend, fmt.Sprintf("backend-%d", i), "", s.Dir, s.Env, "-config", s.ConfigPath).
+			Serves(t, conf.EnvBackendListen)
 		p.Start(t, o.BackendEnv[i]...)
 		s.Backends = append(s.Backends, p)
 	}
 	for i := range o.Workers {
-		addr := FreeAddr(t)
-		p := NewProc(t, worker, fmt.Sprintf("worker-%d", i), addr, s.Dir,
-			append(append(append([]string{}, s.Env...), conf.EnvWorkerListen+"="+addr), o.WorkerEnv[i]...), "-config", s.ConfigPath)
+		p := NewProc(t, worker, fmt.Sprintf("worker-%d", i), "", s.Dir, append(append([]string{}, s.Env...), o.WorkerEnv[i]...),
+			"-config", s.ConfigPath).Serves(t, conf.EnvWorkerListen)
 		s.Workers = append(s.Workers, p)
 	}
 	for _, p := range s.Backends {

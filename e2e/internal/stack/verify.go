@@ -34,10 +34,12 @@ func (s *Stack) Drain(t testing.TB, sale Sale, accepted []*Attempt) {
 	}
 }
 
-// Finish ends a crowd test: drains the accepted orders, sells what is left
+// Finish ends a crowd test: resolves the keyed attempts left without an
+// answer (Crowd.Resolve), drains the accepted orders, sells what is left
 // (MopUp) and checks I1–I5 (Check) under the name fault.
 func (s *Stack) Finish(t testing.TB, fault string, sale Sale, c *Crowd) Verdict {
 	t.Helper()
+	c.Resolve(s)
 	s.Drain(t, sale, c.Accepted())
 	s.MopUp(t, sale, c)
 	return s.Check(t, fault, sale, c)

@@ -105,7 +105,7 @@ func startProxy(t *testing.T, cfg conf.Config, opts ...Option) *proxyUnderTest {
 	}
 	p, err := New(cfg, rdb, log, opts...)
 	servicetest.Must(t, err, "new proxy")
-	addr := servicetest.Serve(t, p.Server(log))
+	addr := servicetest.Serve(t, p.Server(log), p.Listener)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Handler.Limiter.Run(ctx); close(done) }()
