@@ -77,16 +77,22 @@ sentinel-stop:
 # The short form of the engine tests: the reservation scripts, the limiter,
 # the script loader and one end-to-end sale on the local Redis Cluster (and
 # the engines' own start tests). Under CI a cluster that cannot start fails.
+# A cluster this target started is stopped again; one already running (make
+# cluster) is left running.
 ENGINE_TESTS ?= ./internal/reservation ./proxy/internal/limiter ./lua
 ENGINE_E2E   ?= TestPurchaseInvariantsUnderConcurrency|TestProxyKeyedReplayAfterSoldOut
 test-engines:
-	@if ! url=$$(scripts/redis-engines.sh cluster start | tail -1); then \
+	@was=; scripts/redis-engines.sh cluster url >/dev/null 2>&1 && was=1; \
+	if ! url=$$(scripts/redis-engines.sh cluster start | tail -1); then \
 		if [ -n "$${CI:-}" ]; then echo "test-engines: the Redis Cluster did not start (CI requires it)"; exit 1; fi; \
 		echo "test-engines: skipped, the Redis Cluster did not start"; exit 0; fi; \
 	echo "test-engines: on $$url"; \
+	rc=0; \
 	SECKILL_TEST_REDIS_URL=$$url SECKILL_TEST_REDIS_CLUSTER_URL=$$url \
 		$(GO) test -race -count=1 $(TESTFLAGS) $(ENGINE_TESTS) ./internal/servicetest && \
-	SECKILL_TEST_REDIS_URL=$$url $(GO) test -race -count=1 $(TESTFLAGS) -run '$(ENGINE_E2E)' ./e2e
+	SECKILL_TEST_REDIS_URL=$$url $(GO) test -race -count=1 $(TESTFLAGS) -run '$(ENGINE_E2E)' ./e2e || rc=$$?; \
+	[ -n "$$was" ] || scripts/redis-engines.sh cluster stop; \
+	exit $$rc
 
 lint:
 	@out=$$(gofmt -l .); \
