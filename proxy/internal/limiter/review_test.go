@@ -1,0 +1,124 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+// Review (s3-revlim), finding: a request that waits for a held slot
+// (waitSettled) is bounded by its own deadline, but the holder is not: a
+// holder may keep its slot for up to two calls of its other window (here:
+// it waits on another request's call, is one of its late waiters, then
+// makes its own), each answered within redis_timeout. The waiter's deadline
+// passes first, and it is decided by on_redis_error although Redis answered
+// every call in time and its window was full. With on_redis_error = "open"
+// that admits it past its limit: all-ip (5 per 10s) admits 6.
+//
+//	t=0      O  GET /api/x (api only): its api-ip call is held 0.8T in the hook
+//	t≈0      H  POST /api/x (all + api): takes all-ip's last slot (a lease),
+//	            waits for O's api-ip call (a late waiter of it)
+//	t≈0      V  POST /x (all only): asks Redis: all-ip full, a slot held by H:
+//	            V puts back and waits (deadline T)
+//	t=0.8T   O admitted; its reply leaves a refill for H, who calls: held 0.8T
+//	t=T      V's deadline: on_redis_error = open admits V (degraded)
+//	t=1.6T   H admitted, spending all-ip's last slot: 6 admitted of 5
+//
+// Expected: V refused by all-ip (429), not decided by on_redis_error; no
+// window over its limit.
+func TestReviewWaiterOutlivedByHolder(t *testing.T) {
+	rdb, prefix := hookedRedis(t)
+	const T = 500 * time.Millisecond
+	const hold = 400 * time.Millisecond // < T: every call is answered within its timeout
+	var toHold atomic.Int32
+	entered := make(chan struct{}, 2)
+	var failed atomic.Int32 // script calls that did not answer in time
+	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
+		if argsContain(args, "}:api") && !argsContain(args, "}:all") && toHold.Add(-1) >= 0 {
+			entered <- struct{}{}
+			return hold
+		}
+		return 0
+	}, post: func(cmd redis.Cmder) {
+		if argsContain(cmd.Args(), "") && cmd.Err() != nil {
+			failed.Add(1)
+		}
+	}})
+	const W = 10 * time.Second
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{
+		{Name: "all", Methods: []string{"POST"}, PathPrefix: "/", OnRedisError: "open", PerIP: &conf.Window{Limit: 5, Window: conf.D(W)}},
+		{Name: "api", PathPrefix: "/api/", OnRedisError: "open", PerIP: &conf.Window{Limit: 3, Window: conf.D(W)}},
+	}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: T, Instance: "A", Metrics: m})
+	check := func(method, path string) Decision {
+		var d Decision
+		l.Check(rs, Request{Method: []byte(method), Path: []byte(path), Addr: []byte("X")}, &d)
+		return d
+	}
+	ctx := context.Background()
+	allKey, apiKey := prefix+"{rl:a:X}:all", prefix+"{rl:a:X}:api"
+	var bSeq int
+	admittedByB := func(key string, n int) { // requests of X another instance admitted
+		now := float64(redisNowUS(t, rdb))
+		for range n {
+			bSeq++
+			servicetest.Must(t, rdb.ZAdd(ctx, key, redis.Z{Score: now, Member: fmt.Sprint("B:1:1:", bSeq)}).Err(), "zadd")
+		}
+		servicetest.Must(t, rdb.Expire(ctx, key, time.Minute).Err(), "expire")
+	}
+	admittedByB(allKey, 2)
+	if d := check("POST", "/x"); d.Outcome != Admit { // R1: all-ip 2B + R1 + a lease of 1
+		t.Fatalf("R1: %v %v", d.Outcome, d.Violated)
+	}
+	all := rs.list[0].clients.lookup([]byte("a:X"))
+	all.mu.Lock()
+	leased := slotsOf(all)
+	all.mu.Unlock()
+	if leased != 1 {
+		t.Fatalf("all-ip: %d leased slots after R1, want 1", leased)
+	}
+	admittedByB(allKey, 1) // all-ip full in Redis (5), its last slot A's lease
+	admittedByB(apiKey, 1) // api-ip: O takes 1 (no lease: cap (2-1)/2 = 0), 1 left for H
+	admitted := 5 - 1      // all-ip so far: 3 B + R1; the lease is not spent yet
+
+	toHold.Store(2)
+	oDone, hDone, vDone := make(chan Decision, 1), make(chan Decision, 1), make(chan Decision, 1)
+	go func() { oDone <- check("GET", "/api/x") }()
+	<-entered
+	go func() { hDone <- check("POST", "/api/x") }()
+	for deadline := time.Now().Add(2 * time.Second); all.held.Load() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("H never took all-ip's lease")
+		}
+	}
+	time.Sleep(5 * time.Millisecond) // H registers as a waiter of O's call
+	go func() { vDone <- check("POST", "/x") }()
+	dO, dH, dV := <-oDone, <-hDone, <-vDone
+	t.Logf("O: %v %v; H: %v %v; V: %v %v degraded=%v; failed calls %d, breaker open %v",
+		dO.Outcome, dO.Violated, dH.Outcome, dH.Violated, dV.Outcome, dV.Violated, dV.Degraded,
+		failed.Load(), l.Degraded())
+	if failed.Load() != 0 {
+		t.Fatalf("a script call failed: the scenario needs Redis answering every call in time")
+	}
+	for _, d := range []Decision{dH, dV} {
+		if d.Outcome == Admit {
+			admitted++
+		}
+	}
+	if dV.Degraded {
+		t.Errorf("V decided by on_redis_error (%v) although Redis answered every call within redis_timeout: it outwaited its deadline for H's slot", dV.Outcome)
+	}
+	if admitted > 5 {
+		t.Errorf("all-ip (5 per %v) admitted %d in one window", W, admitted)
+	}
+}
