@@ -122,3 +122,102 @@ func TestReviewWaiterOutlivedByHolder(t *testing.T) {
 		t.Errorf("all-ip (5 per %v) admitted %d in one window", W, admitted)
 	}
 }
+
+// Review (s3-revlim), finding: a window Redis reports full while a slot of
+// it is held is refused anyway when the holder decides between the reply
+// and the check, and its slot goes to back (given back in the next call)
+// instead of the lease: refillAndDecide's last look sees no lease and
+// nothing held, and refuses. The negative cache does not refuse while slots
+// wait to be given back (takeLocal); the Redis path forgets it. Here H
+// holds all-ip's last slot (a lease) past its time while its api-ip call is
+// held; V asks for all-ip (full: H's slot counts) and its reply is held
+// after Redis ran; H is refused by api-ip and gives its expired slot back
+// (st.back); then V's reply comes in. V is refused by all-ip, whose missing
+// slot was held and is being given back; V2, right after, is admitted with
+// it (its call gives the slot back). V should have been admitted (or waited
+// and looked again), as V2 is.
+func TestReviewRefusalAfterHeldSlotGivenBack(t *testing.T) {
+	rdb, prefix := hookedRedis(t)
+	var armH, armV atomic.Bool
+	hEntered, hRelease := make(chan struct{}), make(chan struct{})
+	vEntered, vRelease := make(chan struct{}), make(chan struct{})
+	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
+		if argsContain(args, "}:api") && !argsContain(args, "}:all") && armH.CompareAndSwap(true, false) {
+			close(hEntered)
+			<-hRelease
+		}
+		return 0
+	}, post: func(cmd redis.Cmder) {
+		if args := cmd.Args(); argsContain(args, "}:all") && !argsContain(args, "}:api") && armV.CompareAndSwap(true, false) {
+			close(vEntered)
+			<-vRelease
+		}
+	}})
+	const W = 10 * time.Second // lease min(W/2, 1s) = 1s
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{
+		{Name: "all", PathPrefix: "/", OnRedisError: "closed", PerIP: &conf.Window{Limit: 5, Window: conf.D(W)}},
+		{Name: "api", PathPrefix: "/api/", OnRedisError: "closed", PerIP: &conf.Window{Limit: 3, Window: conf.D(W)}},
+	}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 5 * time.Second, Instance: "A", Metrics: m})
+	check := func(path string) Decision {
+		var d Decision
+		l.Check(rs, Request{Method: []byte("POST"), Path: []byte(path), Addr: []byte("X")}, &d)
+		return d
+	}
+	ctx := context.Background()
+	allKey, apiKey := prefix+"{rl:a:X}:all", prefix+"{rl:a:X}:api"
+	var bSeq int
+	admittedByB := func(key string, n int) {
+		now := float64(redisNowUS(t, rdb))
+		for range n {
+			bSeq++
+			servicetest.Must(t, rdb.ZAdd(ctx, key, redis.Z{Score: now, Member: fmt.Sprint("B:1:1:", bSeq)}).Err(), "zadd")
+		}
+		servicetest.Must(t, rdb.Expire(ctx, key, time.Minute).Err(), "expire")
+	}
+	admittedByB(allKey, 2)
+	if d := check("/x"); d.Outcome != Admit {
+		t.Fatalf("R1: %v %v", d.Outcome, d.Violated)
+	}
+	leasedAt := time.Now()
+	all := rs.list[0].clients.lookup([]byte("a:X"))
+	all.mu.Lock()
+	leased := slotsOf(all)
+	all.mu.Unlock()
+	if leased != 1 {
+		t.Fatalf("all-ip: %d leased slots after R1, want 1", leased)
+	}
+	admittedByB(allKey, 1) // all-ip full in Redis, its last slot A's lease
+	admittedByB(apiKey, 3) // api-ip full
+	armH.Store(true)
+	hDone := make(chan Decision, 1)
+	go func() { hDone <- check("/api/x") }() // takes the lease; its api-ip call is held
+	<-hEntered
+	time.Sleep(time.Until(leasedAt.Add(1100 * time.Millisecond))) // H's slot runs out while held
+	armV.Store(true)
+	vDone := make(chan Decision, 1)
+	go func() { vDone <- check("/x") }()
+	<-vEntered // V's all-ip call ran in Redis (full: H's slot counts); its reply is held
+	close(hRelease)
+	dH := <-hDone // refused by api-ip; its expired slot waits in all-ip's back
+	all.mu.Lock()
+	back, held := spanSlots(all.back), all.held.Load()
+	all.mu.Unlock()
+	close(vRelease)
+	dV := <-vDone
+	dV2 := check("/x")
+	t.Logf("H: %v %v; all-ip then: %d slots to give back, %d held; V: %v %v; V2: %v %v",
+		dH.Outcome, dH.Violated, back, held, dV.Outcome, dV.Violated, dV2.Outcome, dV2.Violated)
+	if dH.Outcome != Limited || len(dH.Violated) != 1 || dH.Violated[0] != "api-ip" {
+		t.Fatalf("H: %v %v, want refused by api-ip", dH.Outcome, dH.Violated)
+	}
+	if back != 1 || held != 0 {
+		t.Fatalf("all-ip after H: %d to give back, %d held; the scenario needs H's slot in back", back, held)
+	}
+	if dV.Outcome != Admit {
+		t.Errorf("V: %v %v: refused by all-ip, whose missing slot was held by H when Redis answered and is being given back (V2 then: %v)",
+			dV.Outcome, dV.Violated, dV2.Outcome)
+	}
+}
