@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -219,5 +220,69 @@ func TestReviewRefusalAfterHeldSlotGivenBack(t *testing.T) {
 	if dV.Outcome != Admit {
 		t.Errorf("V: %v %v: refused by all-ip, whose missing slot was held by H when Redis answered and is being given back (V2 then: %v)",
 			dV.Outcome, dV.Violated, dV2.Outcome)
+	}
+}
+
+// Review (s3-revlim), finding: the sweeper's give-back of a state's expired
+// lease that fails (kept "for the next call or sweep") is put back into the
+// state it was taken from — but that state may have been evicted while the
+// call was in flight (the sweeper holds no use of it). The spans then live
+// in a state no table holds, and are never given back: the client's window
+// counts the unspent slots until they slide out (score + window), not
+// "within a second". Here X's lease expires, the sweep's give-back call
+// times out after a new client of X's shard evicted X, and a later sweep
+// leaves X's log holding the lease.
+func TestReviewFailedGiveBackOfEvictedStateKept(t *testing.T) {
+	rdb, prefix := hookedRedis(t)
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
+		if argsContain(args, "{rl:a:X}") && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release // past the call's timeout: it fails before Redis runs it
+		}
+		return 0
+	}})
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{{Name: "r", PathPrefix: "/", OnRedisError: "closed",
+		PerIP: &conf.Window{Limit: 5, Window: conf.D(10 * time.Second)}}}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	const T = 300 * time.Millisecond
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: T, Instance: "A", Metrics: m, MaxClientStates: 64})
+	l.SetRules(rs)
+	tab := rs.list[0].clients
+	key := rs.Key(rs.list[0].Windows[0], []byte("a:X"))
+	if d := chk(l, rs, "X"); d.Outcome != Admit {
+		t.Fatalf("X: %v", d.Outcome)
+	}
+	if n := rdb.ZCard(context.Background(), key).Val(); n != 2 {
+		t.Fatalf("X's log holds %d, want 2 (its request and a lease of 1)", n)
+	}
+	// A client of X's shard (one state per shard at a bound of 64).
+	shardOf := func(c string) uint64 { return maphash.Bytes(tab.seed, []byte("a:"+c)) & (tableShards - 1) }
+	other := ""
+	for i := 0; other == ""; i++ {
+		if c := fmt.Sprint("n", i); shardOf(c) == shardOf("X") {
+			other = c
+		}
+	}
+	armed.Store(true)
+	swept := make(chan struct{})
+	later := time.Now().Add(2 * time.Second) // X's 1s lease has run out by then
+	go func() { l.Sweep(later); close(swept) }()
+	<-entered // the give-back call is held until it times out
+	if d := chk(l, rs, other); d.Outcome != Admit {
+		t.Fatalf("%s: %v", other, d.Outcome)
+	}
+	if tab.lookup([]byte("a:X")) != nil {
+		t.Fatal("X was not evicted: the scenario needs it gone")
+	}
+	time.Sleep(T + 50*time.Millisecond)
+	close(release)
+	<-swept
+	l.Sweep(later)
+	l.Sweep(later.Add(time.Second))
+	if n := rdb.ZCard(context.Background(), key).Val(); n != 1 {
+		t.Errorf("X's log holds %d after the failed give-back and two more sweeps, want 1 (its request; the lease given back)", n)
 	}
 }
