@@ -25,7 +25,7 @@ import (
 	"github.com/seckill/seckill/lua"
 )
 
-func hookedRedis(t *testing.T) (*redis.Client, string) {
+func hookedRedis(t *testing.T) (redis.UniversalClient, string) {
 	rdb, prefix := servicetest.Redis(t)
 	servicetest.Must(t, lua.RateLimit.Load(context.Background(), rdb).Err(), "load script")
 	return rdb, prefix
@@ -90,7 +90,7 @@ func chk(l *Limiter, rs *Rules, client string) Decision {
 	return d
 }
 
-func redisNowUS(t *testing.T, rdb *redis.Client) int64 {
+func redisNowUS(t *testing.T, rdb redis.UniversalClient) int64 {
 	tm, err := rdb.Time(context.Background()).Result()
 	servicetest.Must(t, err, "TIME")
 	return tm.UnixMicro()
@@ -178,8 +178,9 @@ func TestHeldLeaseNotSpentAfterScore(t *testing.T) {
 // another instance admits a second request in a window of limit 1.
 func TestLostReplyKeptWhenFallbackAdmits(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
-	opt := rdb.Options()
-	rdbA := redis.NewClient(opt)
+	rc := conf.Default().Redis
+	rc.URL = servicetest.RedisURL()
+	rdbA := rc.NewClient() // a second client of the same engine, hooked
 	t.Cleanup(func() { _ = rdbA.Close() })
 	var drop atomic.Bool
 	rdbA.AddHook(&hook{post: func(cmd redis.Cmder) {
@@ -189,7 +190,7 @@ func TestLostReplyKeptWhenFallbackAdmits(t *testing.T) {
 	}})
 	rules := []conf.Rule{{Name: "r", PathPrefix: "/", OnRedisError: "local",
 		PerIP: &conf.Window{Limit: 1, Window: conf.D(10 * time.Second)}}}
-	mk := func(c *redis.Client, id string) (*Limiter, *Rules) {
+	mk := func(c redis.UniversalClient, id string) (*Limiter, *Rules) {
 		m := NewMetrics(prometheus.NewRegistry())
 		rs, err := Compile(rules, prefix, m)
 		servicetest.Must(t, err, "compile")
