@@ -1116,6 +1116,12 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 			if held.st == nil {
 				held = h
 			}
+		} else if len(e.st.back) > 0 {
+			// A slot counted in this answer was given up meanwhile (a held
+			// slot that ran out, put back as expired): the call that gives
+			// it back decides, as the negative cache does (takeLocal): the
+			// request looks again.
+			e.violated = false
 		} else {
 			full = true
 			retry = max(retry, e.retry)

@@ -137,7 +137,7 @@ func TestReviewWaiterOutlivedByHolder(t *testing.T) {
 // slot was held and is being given back; V2, right after, is admitted with
 // it (its call gives the slot back). V should have been admitted (or waited
 // and looked again), as V2 is.
-func TestReviewRefusalAfterHeldSlotGivenBack(t *testing.T) {
+func TestRefusalAfterHeldSlotGivenBack(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
 	var armH, armV atomic.Bool
 	hEntered, hRelease := make(chan struct{}), make(chan struct{})
