@@ -300,14 +300,15 @@ func (l *Limiter) Sweep(now time.Time) {
 // pipelined.
 func (l *Limiter) giveBack(rs *Rules, m int64) {
 	var calls []call
-	// per call: the table and client of an evicted state's give-back, or
-	// the zero value
+	// per call: the table and client of a per-client state's give-back
+	// (nil for a global window), and whether the state is gone already
 	type from struct {
 		t      *table
 		client string
+		orphan bool
 	}
-	var orphans []from
-	collect := func(rs *Rules, w *Window, client string, st *state) {
+	var froms []from
+	collect := func(rs *Rules, w *Window, t *table, client string, st *state) {
 		st.mu.Lock()
 		st.expireAll(m, &l.outstanding)
 		if len(st.back) > 0 && st.refill == nil {
@@ -316,42 +317,52 @@ func (l *Limiter) giveBack(rs *Rules, m int64) {
 			c.wins = []callWindow{{w: w, st: st, back: st.back}}
 			st.back = nil
 			calls = append(calls, c)
-			orphans = append(orphans, from{})
+			froms = append(froms, from{t: t, client: client})
 		}
 		st.mu.Unlock()
 	}
 	for _, r := range rs.list {
 		for _, w := range r.Windows {
 			if w.Kind == Global {
-				collect(rs, w, "", r.global)
+				collect(rs, w, nil, "", r.global)
 				continue
 			}
-			r.clients.each(func(client string, st *state) { collect(rs, w, client, st) })
+			r.clients.each(func(client string, st *state) { collect(rs, w, r.clients, client, st) })
 			for _, o := range r.clients.takeOrphans() {
 				// The state is gone: a stand-in carries the spans.
 				calls = append(calls, call{tag: w.Policy + "\x00" + o.client, keys: []string{rs.Key(w, []byte(o.client))},
 					wins: []callWindow{{w: w, st: newState(), back: o.back}}})
-				orphans = append(orphans, from{r.clients, o.client})
+				froms = append(froms, from{r.clients, o.client, true})
 			}
 		}
 	}
 	for len(calls) > 0 {
 		// Bounded pipelines, so that each round trip fits the timeout.
 		n := min(len(calls), 256)
-		batch, of := calls[:n], orphans[:n]
-		calls, orphans = calls[n:], orphans[n:]
+		batch, of := calls[:n], froms[:n]
+		calls, froms = calls[n:], froms[n:]
 		l.run(batch, mono(time.Now())+int64(l.timeout))
 		for i := range batch {
 			c := &batch[i]
 			if c.err != nil { // keep them for the next call or sweep (ZREM is idempotent)
 				cw := &c.wins[0]
-				if o := of[i]; o.t != nil {
+				o := of[i]
+				if o.orphan {
 					o.t.keepOrphan(orphan{o.client, cw.back})
 					continue
 				}
+				// The sweeper is no user of the state: a new client may
+				// have evicted it while the call was out (evict saw no
+				// spans to keep). Then the spans become an orphan.
 				cw.st.mu.Lock()
-				cw.st.back = append(cw.st.back, cw.back...)
+				gone := cw.st.gone
+				if !gone {
+					cw.st.back = append(cw.st.back, cw.back...)
+				}
 				cw.st.mu.Unlock()
+				if gone {
+					o.t.keepOrphan(orphan{o.client, cw.back})
+				}
 			} else {
 				l.m.returned.Add(float64(spanSlots(c.wins[0].back)))
 			}

@@ -232,7 +232,7 @@ func TestRefusalAfterHeldSlotGivenBack(t *testing.T) {
 // "within a second". Here X's lease expires, the sweep's give-back call
 // times out after a new client of X's shard evicted X, and a later sweep
 // leaves X's log holding the lease.
-func TestReviewFailedGiveBackOfEvictedStateKept(t *testing.T) {
+func TestFailedGiveBackOfEvictedStateKept(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
 	var armed atomic.Bool
 	entered, release := make(chan struct{}), make(chan struct{})

@@ -341,6 +341,7 @@ func (t *table) evict(sh *shard, out *atomic.Int64) bool {
 	vs.expireAll(math.MaxInt64, out) // every leased slot goes back
 	back := vs.back
 	vs.back = nil
+	vs.gone = true
 	vs.mu.Unlock()
 	delete(sh.m, victim)
 	t.n.Add(-1)
@@ -379,6 +380,7 @@ func (t *table) sweep(now time.Time, idle time.Duration) (dropped int) {
 			m := mono(now)
 			old := m-st.lastUse.Load() > int64(idle) && m > st.deniedUntil.Load() && st.refill == nil &&
 				len(st.batches) == 0 && len(st.back) == 0 && st.users.Load() == 0
+			st.gone = old
 			st.mu.Unlock()
 			if old {
 				delete(sh.m, k)

@@ -31,6 +31,10 @@ type state struct {
 	resetAt     time.Time    // when the next slot frees, as of the last call
 	lastUse     atomic.Int64 // mono ns; stored under (at least) the table shard's read lock
 	users       atomic.Int32 // requests between table.get and the end of their Check
+	// gone: dropped from its table (evicted or swept idle). A give-back of
+	// it that fails goes to the table's orphans then: no call would ever
+	// find it here.
+	gone bool
 
 	// Slots of this window taken by requests of this instance that are not
 	// decided yet: each is spent or put back soon. A window Redis reports
