@@ -18,7 +18,8 @@
 //     spent first, and another window's fullness never refuses a request.
 //   - a window found full while slots of it are held by requests of this
 //     instance still being decided is not full yet: the request puts back
-//     what it holds and waits for them (waitSettled).
+//     what it holds and waits for them (waitSettled); at its deadline the
+//     window refuses (Redis answered it full), not on_redis_error.
 //
 // While Redis is slow or down (per-call timeout, circuit breaker) each rule
 // does what its on_redis_error says; see Mode.
@@ -693,7 +694,7 @@ var errTimeout = errors.New("limiter: redis timeout passed before a decision")
 // then a refill shared with concurrent requests. A refusal names only full
 // windows: a window that looks full while slots of it are held by undecided
 // requests of this instance is not full yet, and the request waits for them
-// (waitSettled). The request is admitted only once every window holds a slot
+// (waitSettled; refused by that window at its deadline). The request is admitted only once every window holds a slot
 // that is still valid at that moment (recheck). On an error nothing is
 // decided: the slots stay held for settle. A shadow pass does not wait for
 // held slots (its slots are held through the enforced pass, and a shadow
@@ -726,8 +727,8 @@ func (l *Limiter) evaluate(rs *Rules, es []entry, shadow bool) (bool, time.Durat
 			return false, retry, nil
 		}
 		if held.st != nil {
-			if err := l.waitSettled(es, held, deadline); err != nil {
-				return false, 0, err
+			if retry, ok := l.waitSettled(es, held, deadline); !ok {
+				return false, retry, nil
 			}
 			lk.ordered = true
 			continue
@@ -823,15 +824,31 @@ func (l *Limiter) takeLocal(es []entry, m int64, lk *look) (missing int, retry t
 // holding a slot of the other's missing window must not wait for each other
 // — then waits until one of those slots is decided (or the window's
 // negative answer ends: a refusal would not be the answer past it either),
-// or its deadline.
-func (l *Limiter) waitSettled(es []entry, h heldBy, deadline int64) error {
+// or its deadline. At the deadline the window refuses (ok false, with the
+// time until its next slot frees as Redis last said): Redis answered it
+// full, and a holder that outlasts the wait (it may wait for calls of its
+// other windows) is no Redis failure for on_redis_error to decide — "open"
+// would admit past the limit if the holder then spends its slot.
+func (l *Limiter) waitSettled(es []entry, h heldBy, deadline int64) (retry time.Duration, ok bool) {
 	l.releaseClaims(es)
 	l.putBack(es)
-	if !h.st.awaitSettled(h.gen, h.until, deadline) {
-		l.uncount(es)
-		return errTimeout
+	if h.st.awaitSettled(h.gen, h.until, deadline) {
+		return 0, true
 	}
-	return nil
+	l.uncount(es)
+	m := mono(time.Now())
+	for i := range es {
+		e := &es[i]
+		if e.st != h.st {
+			continue
+		}
+		e.violated = true
+		e.st.mu.Lock()
+		retry = max(retry, e.retry, time.Duration(e.st.retryAt-m))
+		e.snap()
+		e.st.mu.Unlock()
+	}
+	return max(retry, time.Millisecond), false
 }
 
 // recheck is the admission moment: it admits (and stamps) the request if
@@ -1145,8 +1162,8 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 		return true, false, max(retry, time.Millisecond), nil
 	}
 	if held.st != nil {
-		if err := l.waitSettled(es, held, deadline); err != nil {
-			return true, false, 0, err
+		if retry, ok := l.waitSettled(es, held, deadline); !ok {
+			return true, false, retry, nil
 		}
 		lk.ordered = true
 		return false, false, 0, nil

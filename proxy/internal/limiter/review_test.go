@@ -35,7 +35,7 @@ import (
 //
 // Expected: V refused by all-ip (429), not decided by on_redis_error; no
 // window over its limit.
-func TestReviewWaiterOutlivedByHolder(t *testing.T) {
+func TestWaiterOutlivedByHolder(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
 	const T = 500 * time.Millisecond
 	const hold = 400 * time.Millisecond // < T: every call is answered within its timeout
