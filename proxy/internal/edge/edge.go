@@ -71,7 +71,7 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	method, path := ctx.Method(), requestPath(ctx)
 	// Before everything else: a denied path or a refused token costs no
 	// limiter slot, and limits key on the identity the gate established.
-	verified, ok := h.guard(ctx, method, path)
+	verified, jwtTok, ok := h.guard(ctx, method, path)
 	if !ok {
 		return
 	}
@@ -116,9 +116,10 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	s.d.Reset()
 	s.key = h.clientKey(ctx, s.key[:0])
 	// Keyed windows read the request's headers as they stand here, when a
-	// trusted peer or the gate's verification vouches for them.
+	// trusted peer or the gate's verification vouches for them; the token's
+	// own header or cookie counts by the token the gate verified.
 	h.Limiter.Check(h.rules.Load(), limiter.Request{Method: method, Path: path, Addr: s.key, Header: &ctx.Request.Header,
-		Trusted: h.Identity.Trusted(peerAddr(ctx)), Verified: verified}, &s.d)
+		Trusted: h.Identity.Trusted(peerAddr(ctx)), Verified: verified, Token: jwtTok}, &s.d)
 	switch s.d.Outcome {
 	case limiter.Limited:
 		h.limited(ctx, &s.d, s)

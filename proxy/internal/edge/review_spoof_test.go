@@ -21,7 +21,7 @@ import (
 //
 // Expected: one token, 8 requests, limit 2 → 2 admitted. The test fails
 // while every spelling is a window of its own.
-func TestReviewTokenSpellingsShareOneWindow(t *testing.T) {
+func TestTokenSpellingsShareOneWindow(t *testing.T) {
 	t.Parallel()
 	const secret = "jwt-secret-for-the-review-spelling-test-01"
 	up := startUpstream(t)
@@ -61,7 +61,7 @@ func TestReviewTokenSpellingsShareOneWindow(t *testing.T) {
 // the token verifies, and the window counts by junk!<n>, new every request.
 //
 // Expected: one token, 6 requests, limit 2 → 2 admitted.
-func TestReviewCookieWindowCountsTheVerifiedCookie(t *testing.T) {
+func TestCookieWindowCountsTheVerifiedCookie(t *testing.T) {
 	t.Parallel()
 	const secret = "jwt-secret-for-the-review-cookie-test-0123"
 	up := startUpstream(t)

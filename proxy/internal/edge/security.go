@@ -38,8 +38,10 @@ func NewGate(c conf.Proxy) (*Gate, error) {
 		g.Verified = &limiter.Verified{Headers: [][]byte{hdrUserID}}
 		if name := g.JWT.HeaderName(); name != nil {
 			g.Verified.Headers = append(g.Verified.Headers, name)
+			g.Verified.Carrier, g.Verified.CarrierName = limiter.FromHeader, name
 		} else {
 			g.Verified.Cookies = [][]byte{g.JWT.CookieName()}
+			g.Verified.Carrier, g.Verified.CarrierName = limiter.FromCookie, g.JWT.CookieName()
 		}
 	}
 	return g, nil
@@ -72,15 +74,16 @@ var hdrUserID = []byte("X-User-Id") // as fasthttp normalizes X-User-ID
 // guard runs the gate on a request: a denied path is answered 404 unless
 // a rule allows the client; a client-sent X-User-ID from an untrusted peer is
 // dropped; a verified JWT sets X-User-ID to its claim (verified then names
-// what it vouches for); a rule that requires one answers 401 without it. ok
+// what it vouches for, and tok is the token as verified, within the
+// request's headers); a rule that requires one answers 401 without it. ok
 // is false when it answered.
-func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) (verified *limiter.Verified, ok bool) {
+func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) (verified *limiter.Verified, tok []byte, ok bool) {
 	g := h.gate.Load()
 	peer := peerAddr(ctx)
 	if g.Policy.Denied(path) && !g.Policy.Allowed(method, path, h.clientAddr(ctx, peer)) {
 		h.Security.Denied.Inc()
 		problem(ctx, fasthttp.StatusNotFound, "not-found", "Not found", "no such resource")
-		return nil, false
+		return nil, nil, false
 	}
 	rh := &ctx.Request.Header
 	if !h.Identity.Trusted(peer) && len(rh.PeekCanonical(hdrUserID)) > 0 {
@@ -88,7 +91,7 @@ func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) (verified
 		rh.DelBytes(hdrUserID)
 	}
 	if g.JWT == nil {
-		return nil, true
+		return nil, nil, true
 	}
 	src := token.Source{}
 	if name := g.JWT.HeaderName(); name != nil {
@@ -96,19 +99,20 @@ func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) (verified
 	} else {
 		src.Cookie = rh.PeekAll(fasthttp.HeaderCookie)
 	}
-	user, err := g.JWT.Verify(g.JWT.Extract(src))
+	tok = g.JWT.Extract(src)
+	user, err := g.JWT.Verify(tok)
 	switch {
 	case err == nil:
 		h.Security.JWT.Valid.Inc()
 		rh.SetCanonical(hdrUserID, []byte(user))
-		return g.Verified, true
+		return g.Verified, tok, true
 	case errors.Is(err, token.ErrMissing):
 		h.Security.JWT.Missing.Inc()
 	default:
 		h.Security.JWT.Invalid.Inc()
 	}
 	if !g.Policy.RequireJWT(method, path) {
-		return nil, true
+		return nil, nil, true
 	}
 	h.Security.JWT.Refused.Inc()
 	challenge := `Bearer realm="seckill"`
@@ -119,7 +123,7 @@ func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) (verified
 	}
 	ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, challenge)
 	problem(ctx, fasthttp.StatusUnauthorized, "unauthorized", "Unauthorized", detail)
-	return nil, false
+	return nil, nil, false
 }
 
 // peerAddr is the TCP peer's address (0.0.0.0 when unknown).

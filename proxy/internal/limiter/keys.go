@@ -16,10 +16,17 @@ const maxKeyInput = 4096
 // as bearer tokens out of Redis, bounds the key's length, and keeps braces out
 // of the hash tag; the prefixes keep a header value from posing as an address.
 // A missing or empty header or cookie falls back to the address, and so
-// does one nobody vouches for (Request.Trusted, Request.Verified).
+// does one nobody vouches for (Request.Trusted, Request.Verified). The
+// header or cookie that carried a verified token counts by the token as
+// verified (Request.Token), whoever sent it: the gate vouches for that
+// value only, not for the bytes around it.
 func appendClientKey(dst []byte, w *Window, req Request) []byte {
 	var v []byte
-	if w.Source != FromAddress && req.Header != nil && (req.Trusted || req.Verified.covers(w)) {
+	switch {
+	case w.Source == FromAddress:
+	case req.Verified.carries(w):
+		v = req.Token
+	case req.Header != nil && (req.Trusted || req.Verified.covers(w)):
 		if w.Source == FromHeader {
 			v = req.Header.PeekBytes(w.Name)
 		} else {

@@ -420,15 +420,37 @@ type Request struct {
 	// (it vouches for what it forwards); or Verified covers the window.
 	Trusted  bool
 	Verified *Verified
+	// Token is the value verified in the header or cookie that carried it
+	// (Verified.Carrier): a window on that header or cookie counts by it,
+	// not by the raw value, of which many spellings verify alike ("bearer
+	// t", "Bearer  t") and which, for a cookie, may name another of several
+	// lines than the one verified. Empty: the window counts by Addr.
+	Token []byte
 }
 
 // Verified names the headers and cookies whose values the proxy itself
 // verified on a request: the X-User-ID it set from a valid JWT, and the
-// header or cookie that carried that token. Built once per identity
-// configuration; nil: nothing verified.
+// header or cookie that carried that token (Carrier). Built once per
+// identity configuration; nil: nothing verified.
 type Verified struct {
 	Headers [][]byte // any case
 	Cookies [][]byte
+	// Carrier: where the token was read, FromHeader or FromCookie, and its
+	// name; a window on it counts by Request.Token.
+	Carrier     Source
+	CarrierName []byte
+}
+
+// carries reports whether w reads the header or cookie that carried the
+// verified token.
+func (v *Verified) carries(w *Window) bool {
+	if v == nil || w.Source != v.Carrier || v.Carrier == FromAddress {
+		return false
+	}
+	if w.Source == FromCookie {
+		return bytes.Equal(w.Name, v.CarrierName)
+	}
+	return bytes.EqualFold(w.Name, v.CarrierName)
 }
 
 // covers reports whether w reads a value v vouches for.

@@ -400,6 +400,44 @@ func TestKeyNeedsVouching(t *testing.T) {
 	}
 }
 
+// The header or cookie that carried the verified token counts by the token
+// as verified, not by its raw value: spellings of one Authorization value,
+// or another cookie line beside the verified one, share one window; without
+// a token it counts by the address, even from a trusted peer.
+func TestCarrierCountsVerifiedToken(t *testing.T) {
+	auth := &Window{Kind: PerIP, Source: FromHeader, Name: []byte("Authorization")}
+	sess := &Window{Kind: PerIP, Source: FromCookie, Name: []byte("session")}
+	viaHeader := &Verified{Headers: [][]byte{[]byte("X-User-Id"), []byte("authorization")}, Carrier: FromHeader, CarrierName: []byte("authorization")}
+	viaCookie := &Verified{Headers: [][]byte{[]byte("X-User-Id")}, Cookies: [][]byte{[]byte("session")}, Carrier: FromCookie, CarrierName: []byte("session")}
+	key := func(w *Window, raw string, v *Verified, trusted bool, tok string) string {
+		h := &multiHeader{values: map[string]string{"authorization": raw}, cookies: map[string]string{"session": raw}}
+		return string(appendClientKey(nil, w, Request{Addr: []byte("198.51.100.7"), Header: h, Trusted: trusted, Verified: v, Token: []byte(tok)}))
+	}
+	for _, tc := range []struct {
+		name string
+		w    *Window
+		v    *Verified
+	}{{"header", auth, viaHeader}, {"cookie", sess, viaCookie}} {
+		want := key(tc.w, "Bearer t", tc.v, false, "t")
+		if want == "a:198.51.100.7" {
+			t.Fatalf("%s: a verified token counts by the address", tc.name)
+		}
+		for _, raw := range []string{"bearer t", "BEARER  t", "junk!1", ""} {
+			for _, trusted := range []bool{false, true} {
+				if k := key(tc.w, raw, tc.v, trusted, "t"); k != want {
+					t.Errorf("%s %q (trusted %v): key %q, want %q (the verified token's)", tc.name, raw, trusted, k, want)
+				}
+			}
+		}
+		if k := key(tc.w, "Bearer u", tc.v, false, "u"); k == want {
+			t.Errorf("%s: another token shares the window", tc.name)
+		}
+		if k := key(tc.w, "Bearer t", tc.v, true, ""); k != "a:198.51.100.7" {
+			t.Errorf("%s: no verified token: key %q, want the address", tc.name, k)
+		}
+	}
+}
+
 // multiHeader serves several headers (any case) and cookies.
 type multiHeader struct{ values, cookies map[string]string }
 
