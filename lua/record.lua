@@ -18,6 +18,70 @@
 -- reserved with (keys are printable ASCII, so neither "\n" nor "\t" occurs in
 -- one). The key index lives with the user's count: one hash entry per user
 -- instead of one more per keyed order. An entry holding nothing is deleted.
+--
+-- Buckets. Records and user entries are spread over small hashes that stay
+-- listpack-encoded (a big hashtable hash costs ~45 B per entry more): the
+-- record of order id o lives in "<base>o:<fnv1a32(o) mod n>", the entry of
+-- user u in "<base>u:<fnv1a32(u) mod n>", where <base> is the sale's key
+-- prefix ending in "{act:ID}:" (the meta key without "meta", so every bucket
+-- shares the sale's hash tag and slot) and n is meta's "buckets" field, a
+-- power of two chosen from the stock when warm.lua (or restore.lua, before
+-- it) creates the sale and kept for the sale's life. reservation.Buckets is
+-- the same computation in Go. A meta without "buckets" (a sale warmed before
+-- buckets, or one that is not in Redis) means one hash each, the older names
+-- "<base>orders" and "<base>users"; warm.lua moves what those hold into the
+-- buckets when it creates the sale.
+
+-- Orders (and users) per bucket the count aims at: under half of Redis's
+-- default hash-max-listpack-entries (128), so that the hash spread and the
+-- failed records beyond the stock still fit.
+local bucket_fill = 64
+
+-- buckets_for returns the bucket count of a sale of total units: the
+-- smallest power of two n with n * bucket_fill >= total.
+local function buckets_for(total)
+  local n = 1
+  while n * bucket_fill < total and n < 1048576 do
+    n = n * 2
+  end
+  return n
+end
+
+-- fnv1a32 is the 32-bit FNV-1a hash of s (Lua numbers are doubles: the
+-- product with the prime 2^24 + 403 is taken mod 2^32 in two parts).
+local function fnv1a32(s)
+  local h = 2166136261
+  for i = 1, #s do
+    h = bit.bxor(h, string.byte(s, i)) % 4294967296
+    h = (bit.lshift(h, 24) % 4294967296 + h * 403) % 4294967296
+  end
+  return h
+end
+
+-- sale_buckets returns the sale's bucket count, nil for the unbucketed layout.
+local function sale_buckets(meta)
+  return tonumber(redis.call('HGET', meta, 'buckets'))
+end
+
+local function sale_base(meta)
+  return string.sub(meta, 1, -5)
+end
+
+-- order_key and user_key name the hash holding order oid's record and user
+-- uid's entry, for a sale of n buckets (nil: unbucketed).
+local function order_key(meta, n, oid)
+  if not n then
+    return sale_base(meta) .. 'orders'
+  end
+  return sale_base(meta) .. 'o:' .. (fnv1a32(oid) % n)
+end
+
+local function user_key(meta, n, uid)
+  if not n then
+    return sale_base(meta) .. 'users'
+  end
+  return sale_base(meta) .. 'u:' .. (fnv1a32(uid) % n)
+end
 
 -- rec_parse returns state, qty, user, deadline (number or nil), and the mark
 -- (open) or reason (F); nil when rec is not a record.
@@ -96,26 +160,76 @@ local function key_drop(index, key, oid)
   return string.sub(index, 1, i - 1) .. string.sub(index, after)
 end
 
+-- sale_hashes lists every hash of kind ('o' records, 'u' user entries) a
+-- sale of n buckets may hold: the unbucketed one first, then the buckets.
+local function sale_hashes(meta, n, kind)
+  local base = sale_base(meta)
+  local out = {base .. (kind == 'o' and 'orders' or 'users')}
+  for b = 0, (n or 0) - 1 do
+    out[#out + 1] = base .. kind .. ':' .. b
+  end
+  return out
+end
+
+-- orders_unbucketed moves the records of the unbucketed hash (written while
+-- the sale was not in Redis, or by a version before buckets) into the n
+-- buckets; a record a bucket holds already wins.
+local function orders_unbucketed(meta, n)
+  local from = sale_base(meta) .. 'orders'
+  local old = redis.call('HGETALL', from)
+  for i = 1, #old, 2 do
+    redis.call('HSETNX', order_key(meta, n, old[i]), old[i], old[i + 1])
+  end
+  redis.call('DEL', from)
+end
+
 -- users_rebuild replaces every user's count with held (user -> units) and
 -- keeps every key index: the counts come from MySQL and the open records,
--- the keys only Redis knows.
-local function users_rebuild(users, held)
+-- the keys only Redis knows. The entries end up in the n buckets (an
+-- unbucketed hash is emptied into them).
+local function users_rebuild(meta, n, held)
   local kept = {}
-  local old = redis.call('HGETALL', users)
-  for i = 1, #old, 2 do
-    local _, index = user_split(old[i + 1])
-    if index ~= '' then
-      kept[old[i]] = index
+  for _, users in ipairs(sale_hashes(meta, n, 'u')) do
+    local old = redis.call('HGETALL', users)
+    for i = 1, #old, 2 do
+      local _, index = user_split(old[i + 1])
+      if index ~= '' then
+        kept[old[i]] = (kept[old[i]] or '') .. index
+      end
+    end
+    if #old > 0 then
+      redis.call('DEL', users)
     end
   end
-  redis.call('DEL', users)
   for user, index in pairs(kept) do
-    user_put(users, user, held[user] or 0, index)
+    user_put(user_key(meta, n, user), user, held[user] or 0, index)
   end
-  for user, n in pairs(held) do
+  for user, k in pairs(held) do
     if not kept[user] then
-      user_put(users, user, n, '')
+      user_put(user_key(meta, n, user), user, k, '')
     end
   end
+end
+
+-- open_recount counts the units of the open records the deadlines index
+-- names into held (user -> units) and returns their sum, dropping index
+-- entries of orders no longer open and the number of those.
+local function open_recount(meta, n, deadlines, held)
+  local pending, stale = 0, 0
+  for _, oid in ipairs(redis.call('ZRANGE', deadlines, 0, -1)) do
+    local rec = redis.call('HGET', order_key(meta, n, oid), oid)
+    local state, qty, user
+    if rec then
+      state, qty, user = rec_parse(rec)
+    end
+    if state == 'P' or state == 'C' then
+      pending = pending + qty
+      held[user] = (held[user] or 0) + qty
+    else
+      redis.call('ZREM', deadlines, oid)
+      stale = stale + 1
+    end
+  end
+  return pending, stale
 end
 

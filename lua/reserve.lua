@@ -1,14 +1,15 @@
 -- reserve.lua: check and reserve units of one activity in one atomic step.
 --
 -- KEYS[1] meta       hash  total, sold, pending, limit, start, end (unix ms)
--- KEYS[2] users      hash  user id -> entry: units held (pending + confirmed)
---                          and the user's idempotency keys -> order ids
--- KEYS[3] orders     hash  order id -> record
--- KEYS[4] deadlines  zset  order id -> deadline (ms) while pending or claimed
--- KEYS[5] recovering string, set (with an expiry) while a sale rebuilt after a
+--                          and buckets (their count, see record.lua)
+-- KEYS[2] deadlines  zset  order id -> deadline (ms) while pending or claimed
+-- KEYS[3] recovering string, set (with an expiry) while a sale rebuilt after a
 --                          Redis loss may still have orders in flight whose keys
 --                          Redis forgot: an unknown key then answers "unsure"
--- (record.lua has the encodings of records and user entries.)
+-- The order's record and the user's entry (units held, idempotency keys ->
+-- order ids) live in buckets of the sale: record.lua has their names and the
+-- encodings. They are not in KEYS (the script finds them from meta) but share
+-- the sale's hash tag, so on Redis Cluster they are in the slot of KEYS.
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
 -- TTL in ms
@@ -43,12 +44,14 @@
 -- All keys share the {act:ID} hash tag; TIME is the only clock; nothing is
 -- written before every check has passed.
 
-local meta = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'limit', 'start', 'end')
+local meta = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'limit', 'start', 'end', 'buckets')
 if not meta[1] then
   return {'not_found'}
 end
 local user, key, oid = ARGV[1], ARGV[2], ARGV[4]
-local mine = redis.call('HGET', KEYS[3], oid)
+local nb = tonumber(meta[7])
+local orders, users = order_key(KEYS[1], nb, oid), user_key(KEYS[1], nb, user)
+local mine = redis.call('HGET', orders, oid)
 if mine then
   local state, _, owner, deadline, reason = rec_parse(mine)
   if owner ~= user then
@@ -59,11 +62,12 @@ if mine then
   end
   return {'ok', oid, deadline or 0}
 end
-local held, index = user_get(KEYS[2], user)
+local held, index = user_get(users, user)
 if key ~= '' then
   local prior = key_find(index, key)
   if prior then
-    local rec = redis.call('HGET', KEYS[3], prior)
+    local prior_orders = order_key(KEYS[1], nb, prior)
+    local rec = redis.call('HGET', prior_orders, prior)
     if rec then
       local state, qty, _, deadline, mark = rec_parse(rec)
       local queued = 0
@@ -72,13 +76,13 @@ if key ~= '' then
       elseif state == 'P' and mark == '' then
         -- Adopted: this replay publishes the order itself, so the undo of
         -- the attempt that reserved it may no longer release it.
-        redis.call('HSET', KEYS[3], prior, rec_open(state, qty, user, deadline, 'a'))
+        redis.call('HSET', prior_orders, prior, rec_open(state, qty, user, deadline, 'a'))
       end
       return {'replay', prior, state, qty, deadline or 0, queued}
     end
     return {'replay', prior, '?', 0, 0, 0}
   end
-  if redis.call('EXISTS', KEYS[5]) == 1 then
+  if redis.call('EXISTS', KEYS[3]) == 1 then
     return {'unsure'}
   end
 end
@@ -111,7 +115,7 @@ redis.call('HINCRBY', KEYS[1], 'pending', qty)
 if key ~= '' then
   index = index .. '\n' .. key .. '\t' .. oid
 end
-user_put(KEYS[2], user, held + qty, index)
-redis.call('HSET', KEYS[3], oid, rec_open('P', qty, user, deadline, ''))
-redis.call('ZADD', KEYS[4], deadline, oid)
+user_put(users, user, held + qty, index)
+redis.call('HSET', orders, oid, rec_open('P', qty, user, deadline, ''))
+redis.call('ZADD', KEYS[2], deadline, oid)
 return {'ok', oid, deadline}

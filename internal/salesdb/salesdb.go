@@ -91,9 +91,10 @@ func KeyOrder(ctx context.Context, q Querier, id int64, user, key string) (reser
 // before the sale is warmed again: it marks the sale recovering for window
 // (keys Redis does not know answer "unsure" meanwhile: they may belong to
 // orders still in the queue) and writes MySQL's decided orders' records and
-// keys back (see reservation.Store.Restore). Run first, a Restore that fails
+// keys back (see reservation.Store.Restore; total, MySQL's stock, chooses
+// the bucket count of the sale built anew). Run first, a Restore that fails
 // leaves the sale missing, so the next request or reconcile pass tries again.
-func Restore(ctx context.Context, q Querier, store *reservation.Store, id int64, window time.Duration) error {
+func Restore(ctx context.Context, q Querier, store *reservation.Store, id, total int64, window time.Duration) error {
 	if window > 0 {
 		if err := store.MarkRecovering(ctx, id, window); err != nil {
 			return err
@@ -103,5 +104,5 @@ func Restore(ctx context.Context, q Querier, store *reservation.Store, id int64,
 	if err != nil {
 		return err
 	}
-	return store.Restore(ctx, id, orders)
+	return store.Restore(ctx, id, total, orders)
 }

@@ -67,7 +67,7 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold,
 		CreateOnly: createOnly, Gen: a.Gen}
 	if !createOnly {
-		if err := s.restoreIfBuilt(ctx, id, a.Gen); err != nil {
+		if err := s.restoreIfBuilt(ctx, id, a.Gen, a.Total); err != nil {
 			return "", reservation.Sale{}, err
 		}
 	}
@@ -101,7 +101,7 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 // holds the activity's row lock, so no other admin change or archive moves
 // the sale meanwhile; a rebuild that builds it first finds the same orders
 // (what Redis holds wins, see lua/restore.lua).
-func (s *Service) restoreIfBuilt(ctx context.Context, id, gen int64) error {
+func (s *Service) restoreIfBuilt(ctx context.Context, id, gen, total int64) error {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 	cur, found, err := s.store.Sale(rctx, id)
 	cancel()
@@ -113,7 +113,7 @@ func (s *Service) restoreIfBuilt(ctx context.Context, id, gen int64) error {
 	}
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	return salesdb.Restore(qctx, s.db, s.store, id, 0)
+	return salesdb.Restore(qctx, s.db, s.store, id, total, 0)
 }
 
 // errArchived: the sale is archived; MySQL answers for it.
@@ -141,7 +141,7 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		// every order published before the loss can have reached MySQL. A
 		// failure leaves the sale missing: the next request tries again.
 		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-		err = salesdb.Restore(qctx, s.db, s.store, id, s.recoveryWindow())
+		err = salesdb.Restore(qctx, s.db, s.store, id, a.Total, s.recoveryWindow())
 		cancel()
 		if err != nil {
 			s.m.rebuilt("restore", err)
@@ -184,7 +184,7 @@ func (s *Service) keyOrder(ctx context.Context, r PurchaseRequest) (PurchaseResu
 		return PurchaseResult{}, fmt.Errorf("%w: key of activity %d unknown while the sale recovers from a Redis loss", ErrUnavailable, r.ActivityID)
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
-	if err := s.store.Restore(rctx, r.ActivityID, []reservation.Decided{d}); err != nil {
+	if err := s.store.Restore(rctx, r.ActivityID, 0, []reservation.Decided{d}); err != nil {
 		s.log.Debug("restore of a key's order failed; MySQL answered it", "order_id", d.OrderID, "err", err)
 	}
 	cancel()

@@ -282,7 +282,7 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 	}
 	// Before the sale exists again: decided orders get their records and
 	// keys back, and unknown keys answer "unsure" for the recovery window.
-	if err := salesdb.Restore(ctx, c.db, c.store, id, c.recovery); err != nil {
+	if err := salesdb.Restore(ctx, c.db, c.store, id, ms.total, c.recovery); err != nil {
 		return err
 	}
 	out, _, err := c.store.Warm(ctx, id, reservation.WarmArgs{

@@ -215,7 +215,7 @@ func TestSweepKeepsUpWithBacklog(t *testing.T) {
 			k := r.store.Keys(act)
 			// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT (other
 			// tests flush the script cache of the shared Redis).
-			lua.Reserve.Eval(ctx, p, []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering},
+			lua.Reserve.Eval(ctx, p, []string{k.Meta, k.Deadlines, k.Recovering},
 				fmt.Sprintf("u%05d", i), "", 1, ids[i], 1)
 		}
 		return nil
@@ -228,7 +228,7 @@ func TestSweepKeepsUpWithBacklog(t *testing.T) {
 			case 0:
 				committed = append(committed, oid, act, fmt.Sprintf("u%05d", i))
 			case 1:
-				lua.Queued.Eval(ctx, p, []string{r.store.Keys(act).Orders}, oid)
+				lua.Queued.Eval(ctx, p, []string{r.store.Keys(act).Meta}, oid)
 			}
 		}
 		return nil
