@@ -1,11 +1,11 @@
 package sale_test
 
 import (
-	"maps"
 	"context"
 	"database/sql"
 	"errors"
 	"log/slog"
+	"maps"
 	"strconv"
 	"sync/atomic"
 	"testing"
