@@ -14,4 +14,5 @@ var (
 	Warm    = load("warm.lua", record)
 	Archive = load("archive.lua", record)
 	Restore = load("restore.lua", record)
+	Order   = load("order.lua", record)
 )

@@ -587,11 +587,7 @@ func ParseRecord(orderID, raw string) (Record, error) {
 
 // Order reads one order's record; found is false when Redis has none.
 func (s *Store) Order(ctx context.Context, activityID int64, orderID string) (Record, bool, error) {
-	n, err := s.Buckets(ctx, activityID)
-	if err != nil {
-		return Record{}, false, err
-	}
-	raw, err := s.rdb.HGet(ctx, s.Keys(activityID).Order(n, orderID), orderID).Result()
+	raw, err := lua.Order.Run(ctx, s.rdb, []string{s.Keys(activityID).Meta}, orderID).Text()
 	if errors.Is(err, redis.Nil) {
 		return Record{}, false, nil
 	}
