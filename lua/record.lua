@@ -21,8 +21,8 @@
 --
 -- Buckets. Records and user entries are spread over small hashes that stay
 -- listpack-encoded (a big hashtable hash costs ~45 B per entry more): the
--- record of order id o lives in "<base>o:<fnv1a32(o) mod n>", the entry of
--- user u in "<base>u:<fnv1a32(u) mod n>", where <base> is the sale's key
+-- record of order id o lives in "<base>o:<id_hash(o) mod n>", the entry of
+-- user u in "<base>u:<id_hash(u) mod n>", where <base> is the sale's key
 -- prefix ending in "{act:ID}:" (the meta key without "meta", so every bucket
 -- shares the sale's hash tag and slot) and n is meta's "buckets" field, a
 -- power of two chosen from the stock when warm.lua (or restore.lua, before
@@ -47,15 +47,12 @@ local function buckets_for(total)
   return n
 end
 
--- fnv1a32 is the 32-bit FNV-1a hash of s (Lua numbers are doubles: the
--- product with the prime 2^24 + 403 is taken mod 2^32 in two parts).
-local function fnv1a32(s)
-  local h = 2166136261
-  for i = 1, #s do
-    h = bit.bxor(h, string.byte(s, i)) % 4294967296
-    h = (bit.lshift(h, 24) % 4294967296 + h * 403) % 4294967296
-  end
-  return h
+-- id_hash is the first 32 bits of SHA-1 of s, as a number. SHA-1 for its
+-- speed here, not its strength: redis.sha1hex is C, about 0.4 us for an
+-- order id where a byte loop in Lua (FNV-1a) took 2.4 us, twice per reserve.
+local sha1hex = redis.sha1hex
+local function id_hash(s)
+  return tonumber(string.sub(sha1hex(s), 1, 8), 16)
 end
 
 -- sale_buckets returns the sale's bucket count, nil for the unbucketed layout.
@@ -73,14 +70,14 @@ local function order_key(meta, n, oid)
   if not n then
     return sale_base(meta) .. 'orders'
   end
-  return sale_base(meta) .. 'o:' .. (fnv1a32(oid) % n)
+  return sale_base(meta) .. 'o:' .. (id_hash(oid) % n)
 end
 
 local function user_key(meta, n, uid)
   if not n then
     return sale_base(meta) .. 'users'
   end
-  return sale_base(meta) .. 'u:' .. (fnv1a32(uid) % n)
+  return sale_base(meta) .. 'u:' .. (id_hash(uid) % n)
 end
 
 -- rec_parse returns state, qty, user, deadline (number or nil), and the mark

@@ -6,13 +6,18 @@
 -- KEYS[3] recovering string, set (with an expiry) while a sale rebuilt after a
 --                          Redis loss may still have orders in flight whose keys
 --                          Redis forgot: an unknown key then answers "unsure"
--- The order's record and the user's entry (units held, idempotency keys ->
--- order ids) live in buckets of the sale: record.lua has their names and the
--- encodings. They are not in KEYS (the script finds them from meta) but share
--- the sale's hash tag, so on Redis Cluster they are in the slot of KEYS.
+-- KEYS[4] the bucket of the order's record, KEYS[5] the bucket of the user's
+--                          entry (units held, idempotency keys -> order ids),
+--                          for a sale of ARGV[6] buckets (record.lua has the
+--                          names and the encodings): the caller names them, so
+--                          the hot path hashes nothing in Lua
+-- (A keyed replay reads its earlier order's record from the bucket the
+-- script names itself: not in KEYS, but of the sale's hash tag, so on Redis
+-- Cluster in the slot of KEYS.)
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
--- TTL in ms
+-- TTL in ms, ARGV[6] the sale's bucket count the caller named KEYS[4] and
+-- KEYS[5] for (0: unbucketed)
 --
 -- Idempotent on the request: the caller picks the order id first, so a
 -- repeat of the same call (a lost reply, a client-side retry) finds its own
@@ -32,6 +37,8 @@
 --                                            and the backend's undo of the attempt that
 --                                            reserved it answers "taken"
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
+--   {"buckets", n}                           the sale has n buckets, not ARGV[6]: nothing
+--                                            read or written; call again with KEYS for n
 --   {"unsure"}                               a key Redis does not know, while recovering:
 --                                            it may belong to an order still in the queue
 --   {"bad_quantity", limit}                  quantity outside 1..limit
@@ -50,7 +57,10 @@ if not meta[1] then
 end
 local user, key, oid = ARGV[1], ARGV[2], ARGV[4]
 local nb = tonumber(meta[7])
-local orders, users = order_key(KEYS[1], nb, oid), user_key(KEYS[1], nb, user)
+if (nb or 0) ~= tonumber(ARGV[6]) then
+  return {'buckets', nb or 0}
+end
+local orders, users = KEYS[4], KEYS[5]
 local mine = redis.call('HGET', orders, oid)
 if mine then
   local state, _, owner, deadline, reason = rec_parse(mine)

@@ -6,11 +6,13 @@ package reservation
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -74,12 +76,11 @@ const (
 	UserBuckets  = 'u'
 )
 
-// Bucket is the bucket of id in a sale of n buckets: FNV-1a (32 bits) of id
-// mod n, as lua/record.lua computes it.
+// Bucket is the bucket of id in a sale of n buckets: the first 32 bits of
+// SHA-1 of id (big-endian) mod n, as lua/record.lua computes it.
 func Bucket(n int64, id string) int64 {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(id)) // a hash.Hash never fails
-	return int64(h.Sum32()) % n
+	sum := sha1.Sum([]byte(id))
+	return int64(binary.BigEndian.Uint32(sum[:4])) % n
 }
 
 // Hash names the hash of kind (OrderBuckets, UserBuckets) that holds id in a
@@ -90,6 +91,12 @@ func (k Keys) Hash(kind byte, n int64, id string) string {
 		return k.unbucketed(kind)
 	}
 	return k.Base + string(kind) + ":" + strconv.FormatInt(Bucket(n, id), 10)
+}
+
+// ReserveKeys are the KEYS of reserve.lua for user and order oid in a sale
+// of n buckets.
+func (k Keys) ReserveKeys(n int64, user, oid string) []string {
+	return []string{k.Meta, k.Deadlines, k.Recovering, k.Order(n, oid), k.User(n, user)}
 }
 
 // Order and User name the hashes of order oid's record and user uid's entry.
@@ -160,6 +167,10 @@ type Client interface {
 type Store struct {
 	rdb    Client
 	prefix string
+	// buckets caches each sale's bucket count (activity id -> int64) for
+	// Reserve, which names its buckets in KEYS; reserve.lua refuses a stale
+	// count, and the count changes only when a sale is built anew.
+	buckets sync.Map
 }
 
 // New returns a store; prefix isolates stacks that share a Redis.
@@ -267,14 +278,28 @@ var ErrScript = errors.New("unexpected script reply")
 // Reserve checks and reserves in one round trip.
 func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	k := s.Keys(r.ActivityID)
-	v, err := lua.Reserve.Run(ctx, s.rdb,
-		[]string{k.Meta, k.Deadlines, k.Recovering},
-		r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds()).Slice()
-	if err != nil {
-		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+	var n int64
+	if c, ok := s.buckets.Load(r.ActivityID); ok {
+		n = c.(int64)
 	}
-	if len(v) == 0 {
-		return Result{}, fmt.Errorf("reserve activity %d: %w: empty", r.ActivityID, ErrScript)
+	var v []any
+	for try := 0; ; try++ {
+		var err error
+		v, err = lua.Reserve.Run(ctx, s.rdb, k.ReserveKeys(n, r.UserID, r.OrderID),
+			r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds(), n).Slice()
+		if err != nil {
+			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+		}
+		if len(v) == 0 {
+			return Result{}, fmt.Errorf("reserve activity %d: %w: empty", r.ActivityID, ErrScript)
+		}
+		// The sale has another bucket count than the cache's (first use,
+		// or a sale built anew): once more with its count.
+		if str(v[0]) != "buckets" || try > 0 {
+			break
+		}
+		n = num(at(v, 1))
+		s.buckets.Store(r.ActivityID, n)
 	}
 	res := Result{Outcome: Outcome(str(v[0]))}
 	switch res.Outcome {
@@ -303,6 +328,8 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	case Insufficient:
 		res.Available = num(at(v, 1))
 	case NotFound, NotStarted, Ended, SoldOut, IDConflict, Undone, Unsure:
+	case "buckets": // twice: the count moved between the two calls
+		return Result{}, fmt.Errorf("reserve activity %d: the bucket count moved to %d during the call", r.ActivityID, num(at(v, 1)))
 	default:
 		return Result{}, fmt.Errorf("reserve activity %d: %w: %v", r.ActivityID, ErrScript, v)
 	}

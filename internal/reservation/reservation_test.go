@@ -307,9 +307,12 @@ func TestReserveRejectsNonIntegerQuantity(t *testing.T) {
 	const id = 9
 	warm(t, st, rdb, id, open)
 	k := st.Keys(id)
+	n, err := st.Buckets(context.Background(), id)
+	servicetest.Must(t, err, "buckets")
 	for _, q := range []string{"1.5", "abc", "", "1e0x"} {
-		v, err := lua.Reserve.Run(context.Background(), rdb, []string{k.Meta, k.Deadlines, k.Recovering},
-			"u", "", q, ordermsg.NewOrderID(id), ttl.Milliseconds()).Slice()
+		oid := ordermsg.NewOrderID(id)
+		v, err := lua.Reserve.Run(context.Background(), rdb, k.ReserveKeys(n, "u", oid),
+			"u", "", q, oid, ttl.Milliseconds(), n).Slice()
 		servicetest.Must(t, err, "reserve %q", q)
 		if len(v) < 1 || v[0] != "bad_quantity" {
 			t.Errorf("quantity %q: %v, want bad_quantity", q, v)
@@ -501,11 +504,21 @@ func TestWarmKeepsLiveCounters(t *testing.T) {
 
 // BenchmarkReserve is one reservation through the typed wrapper, every call
 // a fresh user so that each one reserves.
-func BenchmarkReserve(b *testing.B) {
+func BenchmarkReserve(b *testing.B) { benchReserve(b, 1<<40) }
+
+// BenchmarkReserveSale is BenchmarkReserve in a sale of 131,072 units (2,048
+// buckets, lua/record.lua), whose buckets fill as it sells; BenchmarkReserve's
+// sale has so many buckets that every reserve creates two hashes.
+func BenchmarkReserveSale(b *testing.B) { benchReserve(b, 1<<17) }
+
+func benchReserve(b *testing.B, total int64) {
 	rdb, prefix := servicetest.Redis(b)
 	st := reservation.New(rdb, prefix)
 	const id = 1
-	warm(b, st, rdb, id, sale{total: 1 << 40, limit: 1, start: -time.Hour, end: time.Hour})
+	if int64(b.N) > total {
+		b.Fatalf("%d reservations in a sale of %d units", b.N, total)
+	}
+	warm(b, st, rdb, id, sale{total: total, limit: 1, start: -time.Hour, end: time.Hour})
 	users, oids := make([]string, b.N), make([]string, b.N)
 	for i := range users {
 		users[i], oids[i] = "u"+strconv.Itoa(i), ordermsg.NewOrderID(id)
@@ -533,15 +546,17 @@ func BenchmarkRawEvalSha(b *testing.B) {
 	servicetest.Must(b, lua.Preload(ctx, rdb), "preload")
 	sha := lua.Reserve.Hash()
 	k := st.Keys(id)
-	keys := []string{k.Meta, k.Deadlines, k.Recovering}
-	users, oids := make([]string, b.N), make([]string, b.N)
+	n, err := st.Buckets(ctx, id)
+	servicetest.Must(b, err, "buckets")
+	users, oids, keys := make([]string, b.N), make([]string, b.N), make([][]string, b.N)
 	for i := range users {
 		users[i], oids[i] = "u"+strconv.Itoa(i), ordermsg.NewOrderID(id)
+		keys[i] = k.ReserveKeys(n, users[i], oids[i])
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := rdb.EvalSha(ctx, sha, keys, users[i], "", 1, oids[i], ttl.Milliseconds()).Err(); err != nil {
+		if err := rdb.EvalSha(ctx, sha, keys[i], users[i], "", 1, oids[i], ttl.Milliseconds(), n).Err(); err != nil {
 			b.Fatal(err)
 		}
 	}
