@@ -4,7 +4,7 @@
 -- purpose: a live sale holds one of each per order and per user, and Redis
 -- pays per byte (see docs/lifecycle.md, "Memory").
 --
--- Order record (orders hash, order id -> record), by state:
+-- Order record (in its order bucket, order id -> record), by state:
 --   open (P pending, C claimed)  "<S><qty>|<user>|<deadline_ms>|<mark>"
 --                                 mark: "" | "q" queued (the broker confirmed its
 --                                 message) | "a" adopted (a keyed replay publishes it)
@@ -13,7 +13,7 @@
 --                                 leaves for an order id with no record is "F0|<user>|<reason>"
 -- A settled record keeps no deadline: nothing reads it once MySQL decided.
 --
--- User entry (users hash, user id -> entry): "<held>" (units held: pending +
+-- User entry (in its user bucket, user id -> entry): "<held>" (units held: pending +
 -- confirmed), then one "\n<key>\t<order id>" per idempotency key the user
 -- reserved with (keys are printable ASCII, so neither "\n" nor "\t" occurs in
 -- one). The key index lives with the user's count: one hash entry per user
@@ -26,7 +26,7 @@
 -- prefix ending in "{act:ID}:" (the meta key without "meta", so every bucket
 -- shares the sale's hash tag and slot) and n is meta's "buckets" field, a
 -- power of two chosen from the stock when warm.lua (or restore.lua, before
--- it) creates the sale and kept for the sale's life. reservation.Buckets is
+-- it) creates the sale and kept for the sale's life. reservation.Bucket is
 -- the same computation in Go. A meta without "buckets" (a sale warmed before
 -- buckets, or one that is not in Redis) means one hash each, the older names
 -- "<base>orders" and "<base>users"; warm.lua moves what those hold into the
