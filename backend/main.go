@@ -117,7 +117,7 @@ func run(ctx context.Context, args []string) error {
 		StateTTL:        cfg.Backend.StateCacheTTL.Duration,
 		OrderWaitMax:    cfg.Backend.OrderWaitMax.Duration,
 		MaxOrderWaiters: cfg.Backend.MaxOrderWaiters,
-		RecoveryGrace:   cfg.Worker.RepublishAfter.Duration,
+		RecoveryMax:     cfg.Backend.ReservationTTL.Duration + cfg.Worker.QueuedExpireAfter.Duration,
 	}, log, sale.NewMetrics(reg))
 	defer svc.Close() // before Redis closes: background undos end first
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
@@ -158,7 +158,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	log.Info("backend listening", "addr", ln.Addr().String(), "admin_api", adminToken != "")
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(edge.Listener(ln)) }()
 serving:
 	for {
 		select {

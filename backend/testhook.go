@@ -44,3 +44,7 @@ func (p *crashingPublisher) Publish(ctx context.Context, o ordermsg.Order) error
 	}
 	return p.next.Publish(ctx, o)
 }
+
+func (p *crashingPublisher) PublishMarker(ctx context.Context, m ordermsg.Marker) error {
+	return p.next.PublishMarker(ctx, m)
+}

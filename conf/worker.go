@@ -20,9 +20,11 @@ type Worker struct {
 	RepublishAfter Duration `toml:"republish_after"`
 	// QueuedExpireAfter bounds the wait of an order whose message the broker
 	// confirmed: past its deadline by this much with no MySQL row, the
-	// message is taken as gone (dead-lettered by the delivery limit, the
-	// queue deleted) and the order is failed (expired), so no 202 stays
-	// pending forever. Longer than any worker outage you ride out.
+	// message is taken as gone (the queue deleted; a dead-lettered one is
+	// decided by the dead-letter consumer at once) and the order is failed
+	// (expired), so no 202 stays pending forever. Longer than any worker
+	// outage you ride out. With the reservation TTL it also bounds the
+	// recovery after a Redis loss, which the drain marker ends first.
 	QueuedExpireAfter Duration `toml:"queued_expire_after"`
 	ReconcileInterval Duration `toml:"reconcile_interval"`
 	ShutdownGrace     Duration `toml:"shutdown_grace"`

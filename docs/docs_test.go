@@ -1,6 +1,7 @@
 // Package docs holds the repository's documentation. Its test keeps the
 // repository standing alone: README, docs and code comments may point only at
-// files inside the repository, and every such pointer must resolve.
+// files inside the repository, and every such pointer must resolve; and
+// README's promises about the tree itself hold (make fuzz: fuzz_test.go).
 package docs
 
 import (

@@ -68,10 +68,16 @@ type answer struct {
 	Code    string `json:"code"`
 }
 
-// buy sends one purchase of one unit ("" key: none).
+// buy sends one purchase of one unit to the first backend ("" key: none).
 func buy(t *testing.T, s *stack.Stack, id int64, user, key string) answer {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("%s/api/v1/activities/%d/purchase", s.Backends[0].URL(), id), strings.NewReader(`{"quantity":1}`))
+	return buyAt(t, s, s.Backends[0].URL(), id, user, key)
+}
+
+// buyAt sends one purchase of one unit to base, a backend's or a proxy's URL.
+func buyAt(t *testing.T, s *stack.Stack, base string, id int64, user, key string) answer {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("%s/api/v1/activities/%d/purchase", base, id), strings.NewReader(`{"quantity":1}`))
 	req.Header.Set("X-User-ID", user)
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {

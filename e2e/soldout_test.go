@@ -1,16 +1,12 @@
 package e2e
 
 import (
-	"bytes"
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/seckill/seckill/e2e/internal/stack"
-	"github.com/seckill/seckill/internal/servicetest"
 )
 
 // After a sale sold out, a keyed retry of an accepted purchase goes through
@@ -28,21 +24,8 @@ func TestProxyKeyedReplayAfterSoldOut(t *testing.T) {
 	px := s.StartProxy(t, "proxy", "[proxy]\ntrusted_proxies = [\"127.0.0.0/8\"]\n")
 	buy := func(user, key string) (int, string, string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("%s/api/v1/activities/%d/purchase", px.URL(), sale.ID), bytes.NewReader([]byte(`{}`)))
-		req.Header.Set("X-User-ID", user)
-		req.Header.Set("Content-Type", "application/json")
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key)
-		}
-		resp, err := s.HTTP.Do(req)
-		servicetest.Must(t, err, "purchase")
-		defer resp.Body.Close()
-		var out struct {
-			OrderID string `json:"order_id"`
-			Code    string `json:"code"`
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		return resp.StatusCode, out.OrderID, out.Code
+		a := buyAt(t, s, px.URL(), sale.ID, user, key)
+		return a.Status, a.OrderID, a.Code
 	}
 	status, order, _ := buy("alice", "k-alice")
 	if status != http.StatusAccepted || order == "" {

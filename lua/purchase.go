@@ -15,4 +15,6 @@ var (
 	Archive = load("archive.lua", record)
 	Restore = load("restore.lua", record)
 	Order   = load("order.lua", record)
+	// Recovered ends a sale's recovery after a Redis loss (its drain marker).
+	Recovered = load("recovered.lua")
 )

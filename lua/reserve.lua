@@ -3,9 +3,10 @@
 -- KEYS[1] meta       hash  total, sold, pending, limit, start, end (unix ms)
 --                          and buckets (their count, see record.lua)
 -- KEYS[2] deadlines  zset  order id -> deadline (ms) while pending or claimed
--- KEYS[3] recovering string, set (with an expiry) while a sale rebuilt after a
---                          Redis loss may still have orders in flight whose keys
---                          Redis forgot: an unknown key then answers "unsure"
+-- KEYS[3] recovering string, the recovery token, set while a sale rebuilt after
+--                          a Redis loss may still have orders in the queue that
+--                          Redis forgot (their keys, their units): a key Redis does
+--                          not know, and every new reservation, then answers "unsure"
 -- KEYS[4] the bucket of the order's record, KEYS[5] the bucket of the user's
 --                          entry (units held, idempotency keys -> order ids),
 --                          for a sale of ARGV[6] buckets (record.lua has the
@@ -39,8 +40,10 @@
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
 --   {"buckets", n}                           the sale has n buckets, not ARGV[6]: nothing
 --                                            read or written; call again with KEYS for n
---   {"unsure"}                               a key Redis does not know, while recovering:
---                                            it may belong to an order still in the queue
+--   {"unsure", token}                        while recovering, a request that would reserve:
+--                                            its key may belong to an order still in the
+--                                            queue, and the units of those orders are not
+--                                            counted in pending; nothing reserved
 --   {"bad_quantity", limit}                  quantity outside 1..limit
 --   {"not_started", start_ms} | {"ended", end_ms}
 --   {"limit_exceeded", held, limit}
@@ -92,9 +95,6 @@ if key ~= '' then
     end
     return {'replay', prior, '?', 0, 0, 0}
   end
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    return {'unsure'}
-  end
 end
 local qty = tonumber(ARGV[3])
 local total, sold, pending = tonumber(meta[1]), tonumber(meta[2]), tonumber(meta[3])
@@ -109,6 +109,10 @@ if now < start_ms then
 end
 if now >= end_ms then
   return {'ended', end_ms}
+end
+local recovering = redis.call('GET', KEYS[3])
+if recovering then
+  return {'unsure', recovering}
 end
 if held + qty > limit then
   return {'limit_exceeded', held, limit}

@@ -13,7 +13,8 @@
 -- that follows keeps the count); 0 to choose none (the records then go to
 -- the unbucketed hashes, which warm.lua moves into buckets). A live sale
 -- without buckets (warmed before them) keeps its unbucketed hashes.
--- ARGV[2..]: six values per order: order id, "K" | "F", reason, quantity,
+-- ARGV[2..]: six values per order: order id, "K" | "F" | "" (the key only:
+-- the record is settle.lua's to write, with the counters), reason, quantity,
 -- user id and its idempotency key ("" for none)
 --
 -- Returns the number of records written.
@@ -28,7 +29,9 @@ end
 local written = 0
 for i = 2, #ARGV, 6 do
   local oid, state, reason, qty, user, key = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
-  written = written + redis.call('HSETNX', order_key(KEYS[1], nb, oid), oid, rec_done(state, qty, user, reason))
+  if state ~= '' then
+    written = written + redis.call('HSETNX', order_key(KEYS[1], nb, oid), oid, rec_done(state, qty, user, reason))
+  end
   if key ~= '' then
     local users = user_key(KEYS[1], nb, user)
     local held, index = user_get(users, user)

@@ -90,7 +90,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 	wg.Go(func() { p.Handler.Limiter.Run(bg) })
 	wg.Go(func() { p.WatchStockEvents(bg, rdb, log, nil) })
 	errc := make(chan error, 2)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(p.Listener(ln)) }()
 	go func() { errc <- admin.Serve(aln) }()
 	log.Info("proxy serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(),
 		"upstreams", cfg.Proxy.Upstreams, "rules", len(cfg.Proxy.Rules))

@@ -50,15 +50,11 @@ per_ip = { limit = %d, window = "30s" }
 // (the default deny_prefixes) without taking a limiter slot.
 func TestRunReload(t *testing.T) {
 	_, prefix := servicetest.Redis(t)
-	up := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }}
-	uln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	go func() { _ = up.Serve(uln) }()
-	defer up.Shutdown()
+	up := servicetest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("ok") }})
 
 	path := filepath.Join(t.TempDir(), "seckill.toml")
 	listen, admin := freeAddr(t), freeAddr(t)
-	writeConfig(t, path, prefix, listen, admin, uln.Addr().String(), 2, false)
+	writeConfig(t, path, prefix, listen, admin, up, 2, false)
 	env := func(k string) string {
 		if k == "SECKILL_REDIS_URL" {
 			return servicetest.RedisURL()
@@ -104,7 +100,7 @@ func TestRunReload(t *testing.T) {
 		servicetest.Must(t, syscall.Kill(os.Getpid(), syscall.SIGHUP), "sighup")
 		time.Sleep(300 * time.Millisecond)
 	}
-	writeConfig(t, path, prefix, listen, admin, uln.Addr().String(), 5, false, "deny_prefixes = []")
+	writeConfig(t, path, prefix, listen, admin, up, 5, false, "deny_prefixes = []")
 	hup()
 	if s, body, _ := c.Get(nil, "http://"+listen+"/healthz"); s != 200 || string(body) != "ok" {
 		t.Fatalf("forwarded /healthz after reload with an empty deny list: %d %s (the upstream's path)", s, body)
@@ -112,7 +108,7 @@ func TestRunReload(t *testing.T) {
 	if ok := count(5); ok != 2 { // 3 of 5 slots left after /healthz
 		t.Fatalf("after reload to 5: %d admitted, want 2", ok)
 	}
-	writeConfig(t, path, prefix, listen, admin, uln.Addr().String(), 100, true)
+	writeConfig(t, path, prefix, listen, admin, up, 100, true)
 	hup()
 	if ok := count(3); ok != 0 {
 		t.Fatalf("broken file must keep limit 5: %d admitted", ok)

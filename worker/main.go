@@ -130,7 +130,7 @@ func reconcileOnce(ctx context.Context, cfg conf.Config, log *slog.Logger, force
 	defer rdb.Close()
 	defer db.Close()
 	rec := reconcile.New(db, reservation.New(rdb, cfg.Redis.KeyPrefix), log, nil, cfg.MySQL.QueryTimeout.Duration)
-	rec.SetRecoveryWindow(cfg.Backend.ReservationTTL.Duration + cfg.Worker.RepublishAfter.Duration)
+	rec.SetRecoveryWindow(cfg.Backend.ReservationTTL.Duration + cfg.Worker.QueuedExpireAfter.Duration)
 	reports, err := rec.Pass(ctx, force)
 	for _, r := range reports {
 		fmt.Println(r)
@@ -185,7 +185,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	go func() {
 		defer side.Done()
 		rec := reconcile.New(db, sales, log, reconcile.NewMetrics(reg), cfg.MySQL.QueryTimeout.Duration)
-		rec.SetRecoveryWindow(cfg.Backend.ReservationTTL.Duration + cfg.Worker.RepublishAfter.Duration)
+		rec.SetRecoveryWindow(cfg.Backend.ReservationTTL.Duration + cfg.Worker.QueuedExpireAfter.Duration)
 		rec.Run(ctx, cfg.Worker.ReconcileInterval.Duration)
 	}()
 	go func() {

@@ -15,13 +15,16 @@ FUZZTIME   ?= 20s
 CHAOSFLAGS ?=
 CHAOS_OUT  ?= out/chaos
 
-# pkg:Target, one per fuzz target.
+# pkg:Target, one per fuzz target (grep -rn "^func Fuzz" lists them).
 FUZZ_TARGETS := \
 	./backend/internal/api:FuzzParseQuantity \
 	./backend/internal/api:FuzzPurchaseHeaders \
 	./backend/internal/api:FuzzParseSpec \
 	./proxy/internal/identity:FuzzClient \
+	./proxy/internal/limiter:FuzzClientKey \
+	./proxy/internal/edge:FuzzPlainPath \
 	./conf:FuzzParse \
+	./conf:FuzzParseKey \
 	./internal/ordermsg:FuzzDecode \
 	./proxy/internal/token:FuzzExtract \
 	./proxy/internal/token:FuzzVerify \

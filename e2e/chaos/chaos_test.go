@@ -73,15 +73,6 @@ func during(t *testing.T, s *stack.Stack, c *stack.Crowd, inject func()) {
 	<-done
 }
 
-// finish heals nothing (the caller did), drains, sells what is left and
-// checks the invariants.
-func finish(t *testing.T, s *stack.Stack, fault string, sale stack.Sale, c *stack.Crowd) stack.Verdict {
-	t.Helper()
-	s.Drain(t, sale, c.Accepted())
-	s.MopUp(t, sale, c)
-	return s.Check(t, fault, sale, c)
-}
-
 // midSale waits until between lo and hi of the crowd's attempts finished,
 // at a random point, so that faults land at different moments.
 func midSale(c *stack.Crowd, lo, hi float64) {

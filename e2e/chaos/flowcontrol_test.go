@@ -72,5 +72,5 @@ func TestPublishUnderFlowControl(t *testing.T) {
 	for _, c := range []*stack.Crowd{before, blocked, after} {
 		all.Attempts = append(all.Attempts, c.Attempts...)
 	}
-	finish(t, s, "rabbitmq flow control (own node)", sale, all)
+	s.Finish(t, "rabbitmq flow control (own node)", sale, all)
 }

@@ -29,10 +29,8 @@ func TestRabbitCloseAllConnections(t *testing.T) {
 			run(t, "rabbitmqctl", "close_all_connections", "seckill chaos test")
 		}
 	})
-	if u := c.Unexpected(true); len(u) > 0 {
-		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
-	}
-	finish(t, s, "rabbitmq close_all_connections ×2", sale, c)
+	c.ExpectContract(t, true)
+	s.Finish(t, "rabbitmq close_all_connections ×2", sale, c)
 }
 
 // Fault 3b: RabbitMQ stop_app for 2s mid-sale, then start_app.
@@ -49,13 +47,11 @@ func TestRabbitStopStartApp(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		healRabbit(t)
 	})
-	if u := c.Unexpected(true); len(u) > 0 {
-		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
-	}
+	c.ExpectContract(t, true)
 	if a := c.Answers(); a["503 unavailable"] == 0 {
 		t.Errorf("no 503 while the broker was stopped: the fault missed the sale (%v)", a)
 	}
-	finish(t, s, "rabbitmq stop_app/start_app", sale, c)
+	s.Finish(t, "rabbitmq stop_app/start_app", sale, c)
 }
 
 func healRabbit(t *testing.T) {
@@ -104,10 +100,8 @@ func TestRedisFlushDB(t *testing.T) {
 			}
 		}
 	}
-	if u := c.Unexpected(false); len(u) > 0 {
-		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
-	}
-	finish(t, s, "redis FLUSHDB ×2", sale, c)
+	c.ExpectContract(t, false)
+	s.Finish(t, "redis FLUSHDB ×2", sale, c)
 }
 
 // Fault 4c: CLIENT PAUSE for 3s, far beyond the backend's 200ms Redis timeout
@@ -139,15 +133,13 @@ func TestRedisClientPause(t *testing.T) {
 		time.Sleep(3 * time.Second)
 		unpause()
 	})
-	if u := c.Unexpected(true); len(u) > 0 {
-		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
-	}
+	c.ExpectContract(t, true)
 	n503 := c.Answers()["503 unavailable"]
 	if n503 == 0 {
 		t.Errorf("no 503 during a 3s pause: the fault missed the sale")
 	}
 	t.Logf("%d answers were 503 during the pause", n503)
-	finish(t, s, "redis CLIENT PAUSE 3s", sale, c)
+	s.Finish(t, "redis CLIENT PAUSE 3s", sale, c)
 }
 
 // Fault 5: MariaDB restarted while the workers drain a backlog. Workers stop
@@ -177,7 +169,7 @@ func TestMariaDBRestartMidDrain(t *testing.T) {
 	stack.WaitFor(t, "MariaDB down", time.Minute, func() bool { return !mariaDBUp() })
 	time.Sleep(time.Second)
 	startMariaDB(t)
-	finish(t, s, "mariadb restart mid-drain", sale, c)
+	s.Finish(t, "mariadb restart mid-drain", sale, c)
 }
 
 func mariaDBUp() bool {

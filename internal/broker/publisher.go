@@ -190,6 +190,9 @@ type Publisher struct {
 	done   chan struct{}
 
 	writes chan struct{} // one per publish in its socket write (bounded)
+
+	socketsMu sync.Mutex
+	sockets   map[net.Conn]struct{} // every socket dialled and not yet closed, for Close
 }
 
 // maxStalledWrites bounds the publishes whose socket write may be in
@@ -235,18 +238,20 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig, log *slog.Logger, m 
 	if cfg.ReconnectMax < cfg.ReconnectMin {
 		cfg.ReconnectMax = cfg.ReconnectMin
 	}
-	p := &Publisher{cfg: cfg, log: log, metrics: m, done: make(chan struct{}), writes: make(chan struct{}, maxStalledWrites)}
+	p := &Publisher{cfg: cfg, log: log, metrics: m, done: make(chan struct{}), writes: make(chan struct{}, maxStalledWrites),
+		sockets: map[net.Conn]struct{}{}}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// The supervisor outlives the caller's context: Close stops it.
+	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	s, err := p.connect()
 	if err != nil {
+		p.cancel()
 		return nil, err
 	}
 	p.sess.Store(s)
 	m.connectedNow(true)
-	// The supervisor outlives the caller's context: Close stops it.
-	p.ctx, p.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	go p.supervise(s)
 	return p, nil
 }
@@ -273,6 +278,7 @@ func (p *Publisher) connect() (*session, error) {
 	if acfg.Dial == nil {
 		acfg.Dial = amqp.DefaultDial(5 * time.Second)
 	}
+	acfg.Dial = p.tracked(acfg.Dial)
 	if p.cfg.Name != "" {
 		acfg.Properties.SetClientConnectionName(p.cfg.Name)
 	}
@@ -341,6 +347,10 @@ func (p *Publisher) supervise(s *session) {
 		_ = s.conn.Close()
 		s = p.reconnect()
 		if s == nil {
+			return
+		}
+		if p.ctx.Err() != nil { // Close began while it connected
+			_ = s.conn.Close()
 			return
 		}
 		p.sess.Store(s)
@@ -426,18 +436,91 @@ func (p *Publisher) Ready() error {
 	return nil
 }
 
+// trackedConn is a socket of the publisher that leaves Publisher.sockets
+// when it is closed.
+type trackedConn struct {
+	net.Conn
+	p    *Publisher
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.p.socketsMu.Lock()
+		delete(c.p.sockets, c)
+		c.p.socketsMu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// tracked wraps dial so that Close can cut every socket the publisher holds.
+func (p *Publisher) tracked(dial func(network, addr string) (net.Conn, error)) func(network, addr string) (net.Conn, error) {
+	return func(network, addr string) (net.Conn, error) {
+		c, err := dial(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		t := &trackedConn{Conn: c, p: p}
+		p.socketsMu.Lock()
+		p.sockets[t] = struct{}{}
+		p.socketsMu.Unlock()
+		if p.ctx.Err() != nil { // Close began while this dial ran
+			_ = t.Close()
+			return nil, ErrClosed
+		}
+		return t, nil
+	}
+}
+
+// cutSockets closes every socket the publisher holds: blocked reads and
+// writes on them fail at once.
+func (p *Publisher) cutSockets() {
+	p.socketsMu.Lock()
+	socks := make([]net.Conn, 0, len(p.sockets))
+	for c := range p.sockets {
+		socks = append(socks, c)
+	}
+	p.socketsMu.Unlock()
+	for _, c := range socks {
+		_ = c.Close()
+	}
+}
+
 // Close stops reconnecting and closes the connection; publishes still waiting
-// fail with ErrConnectionLost.
+// fail with ErrConnectionLost. It returns within about ConfirmTimeout even on
+// a stalled socket: amqp091's Close writes connection.close and waits for
+// the broker's reply, which a broker that stopped reading never sends (it
+// would wait for the heartbeat to fail), and the supervisor may be blocked
+// reopening a channel on that socket. Past the bound the sockets are cut.
 func (p *Publisher) Close() error {
 	p.cancel()
-	<-p.done
-	if s := p.sess.Swap(nil); s != nil {
-		p.metrics.connectedNow(false)
-		if err := s.conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
-			return fmt.Errorf("close amqp connection: %w", err)
+	closed := make(chan error, 1)
+	go func() {
+		var err error
+		// The supervisor stores a session it reconnected only while ctx
+		// lives; after cancel the one here is the last.
+		if s := p.sess.Swap(nil); s != nil {
+			p.metrics.connectedNow(false)
+			if cerr := s.conn.Close(); cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
+				err = fmt.Errorf("close amqp connection: %w", cerr)
+			}
 		}
+		<-p.done
+		closed <- err
+	}()
+	t := time.NewTimer(p.cfg.ConfirmTimeout)
+	defer t.Stop()
+	select {
+	case err := <-closed:
+		p.cutSockets() // a session the supervisor was still opening
+		return err
+	case <-t.C:
 	}
-	return nil
+	p.cutSockets()
+	// Every socket operation now fails at once; the supervisor's back-off
+	// ends with ctx, a dial in progress closes what it gets.
+	<-closed
+	return fmt.Errorf("close amqp connection: no reply within %s; sockets cut", p.cfg.ConfirmTimeout)
 }
 
 // Publish sends o (persistent, mandatory, MessageId = order id) and returns nil
@@ -450,7 +533,7 @@ func (p *Publisher) Publish(ctx context.Context, o ordermsg.Order) error {
 		return fmt.Errorf("publish %s: encode: %w", o.OrderID, err)
 	}
 	start := time.Now()
-	err = p.publish(ctx, o.OrderID, body)
+	err = p.publish(ctx, o.OrderID, "", body)
 	p.metrics.outcome(err, time.Since(start))
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", o.OrderID, err)
@@ -458,7 +541,20 @@ func (p *Publisher) Publish(ctx context.Context, o ordermsg.Order) error {
 	return nil
 }
 
-func (p *Publisher) publish(ctx context.Context, id string, body []byte) error {
+// PublishMarker sends a drain marker (type ordermsg.MarkerType) to the order
+// queue like an order, and returns nil once the broker confirmed it.
+func (p *Publisher) PublishMarker(ctx context.Context, m ordermsg.Marker) error {
+	body, err := m.Encode()
+	if err != nil {
+		return fmt.Errorf("publish marker: encode: %w", err)
+	}
+	if err := p.publish(ctx, m.MessageID(), ordermsg.MarkerType, body); err != nil {
+		return fmt.Errorf("publish marker %s: %w", m.MessageID(), err)
+	}
+	return nil
+}
+
+func (p *Publisher) publish(ctx context.Context, id, typ string, body []byte) error {
 	if p.ctx.Err() != nil {
 		return ErrClosed
 	}
@@ -507,6 +603,7 @@ func (p *Publisher) publish(ctx context.Context, id string, body []byte) error {
 				ContentType:  ordermsg.ContentType,
 				DeliveryMode: amqp.Persistent,
 				MessageId:    id,
+				Type:         typ,
 				Timestamp:    time.Now(),
 				Body:         body,
 			})

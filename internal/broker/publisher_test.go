@@ -100,6 +100,12 @@ func (c *gatedConn) release() {
 	c.mu.Unlock()
 }
 
+// Close unblocks a stalled Write, as closing a real socket does.
+func (c *gatedConn) Close() error {
+	c.once.Do(func() { close(c.cut) })
+	return c.Conn.Close()
+}
+
 func (c *gatedConn) sever() {
 	c.once.Do(func() { close(c.cut) })
 	_ = c.Conn.Close()
@@ -561,5 +567,36 @@ func TestMayHaveArrived(t *testing.T) {
 		if got := MayHaveArrived(tc.err); got != tc.want {
 			t.Errorf("MayHaveArrived(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// Close writes connection.close and waits for the broker's reply; on a
+// socket the broker stopped reading it would wait for the heartbeat. It
+// returns within the confirm timeout (plus a margin) instead, with a
+// publish and the supervisor stuck on that socket.
+func TestCloseBoundedWhenTheSocketStalls(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	c := f.dial.last()
+	c.stallWrites()
+	defer c.resumeWrites()
+	go func() { _ = f.pub.Publish(context.Background(), order(5)) }() // stuck in its write
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- f.pub.Close() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Close on a stalled socket reported a clean close")
+		}
+	case <-time.After(f.cfg.ConfirmTimeout + 3*time.Second):
+		t.Fatalf("Close still waits after %s on a stalled socket", time.Since(start))
+	}
+	if d := time.Since(start); d < f.cfg.ConfirmTimeout/2 {
+		t.Errorf("Close returned after %s, before the graceful close could be tried", d)
+	}
+	if f.pub.Ready() == nil {
+		t.Fatal("closed publisher reports ready")
 	}
 }

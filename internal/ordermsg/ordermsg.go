@@ -134,3 +134,38 @@ func ActivityOf(orderID string) (int64, error) {
 
 // Time converts a message timestamp.
 func Time(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+
+// MarkerType is the AMQP type property of a drain marker; orders carry none.
+const MarkerType = "seckill.drain-marker"
+
+// Marker is the body of a drain marker: published to the order queue after a
+// sale was rebuilt from MySQL because Redis lost it, it reaches a worker only
+// after every order queued before it was delivered; the worker that takes it
+// ends the sale's recovery (the token names which one) once the orders
+// before it in its channel are decided.
+type Marker struct {
+	ActivityID int64  `json:"activity_id"`
+	Token      string `json:"token"`
+}
+
+// Encode returns the JSON body of m.
+func (m Marker) Encode() ([]byte, error) { return json.Marshal(m) }
+
+// MessageID is the marker's AMQP message id.
+func (m Marker) MessageID() string {
+	return "drain-" + strconv.FormatInt(m.ActivityID, 10) + "-" + m.Token
+}
+
+// DecodeMarker parses and validates a marker body.
+func DecodeMarker(body []byte) (Marker, error) {
+	var m Marker
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return Marker{}, fmt.Errorf("%w: marker: %v", ErrInvalid, err)
+	}
+	if m.ActivityID <= 0 || m.Token == "" || len(m.Token) > 64 {
+		return Marker{}, fmt.Errorf("%w: marker of activity %d, token %q", ErrInvalid, m.ActivityID, m.Token)
+	}
+	return m, nil
+}

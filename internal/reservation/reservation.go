@@ -157,6 +157,7 @@ type Client interface {
 	ZCard(ctx context.Context, key string) *redis.IntCmd
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
 	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
+	Get(ctx context.Context, key string) *redis.StringCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	ZAddXX(ctx context.Context, key string, members ...redis.Z) *redis.IntCmd
 	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
@@ -239,8 +240,10 @@ const (
 	SoldOut       Outcome = "sold_out"
 	Insufficient  Outcome = "insufficient"
 	IDConflict    Outcome = "conflict"
-	// Unsure: a key Redis does not know while the sale recovers from a Redis
-	// loss; it may belong to an order still in the queue (ask MySQL).
+	// Unsure: the sale recovers from a Redis loss (Result.Recovery names the
+	// recovery); nothing was reserved. A key Redis does not know may belong
+	// to an order still in the queue (ask MySQL), and the units of those
+	// orders are not in pending yet, so no new reservation is made.
 	Unsure Outcome = "unsure"
 	// Undone: the caller's undo (release with a tombstone) ran before this
 	// reserve of the same order id; nothing was reserved.
@@ -270,6 +273,7 @@ type Result struct {
 	Limit     int64     // BadQuantity, LimitExceeded
 	Held      int64     // LimitExceeded
 	Available int64     // Insufficient
+	Recovery  string    // Unsure: the recovery token (see MarkRecovering)
 }
 
 // ErrScript reports a script answer that does not fit its documented shape.
@@ -327,7 +331,9 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 		res.Held, res.Limit = num(at(v, 1)), num(at(v, 2))
 	case Insufficient:
 		res.Available = num(at(v, 1))
-	case NotFound, NotStarted, Ended, SoldOut, IDConflict, Undone, Unsure:
+	case Unsure:
+		res.Recovery = str(at(v, 1))
+	case NotFound, NotStarted, Ended, SoldOut, IDConflict, Undone:
 	case "buckets": // twice: the count moved between the two calls
 		return Result{}, fmt.Errorf("reserve activity %d: the bucket count moved to %d during the call", r.ActivityID, num(at(v, 1)))
 	default:
@@ -919,12 +925,63 @@ func (s *Store) Open(ctx context.Context, activityID int64, max int64) ([]Record
 	return out, nil
 }
 
-// MarkRecovering makes reserve.lua answer Unsure to keys it does not know,
-// for d: set before a sale lost by Redis is rebuilt, so that a keyed retry of
-// an order still in the queue is never handed a second order id.
-func (s *Store) MarkRecovering(ctx context.Context, activityID int64, d time.Duration) error {
-	if err := s.rdb.Set(ctx, s.Keys(activityID).Recovering, "1", d).Err(); err != nil {
+// MarkRecovering makes reserve.lua answer Unsure to every request that
+// would reserve (a key it does not know, or none) until EndRecovery with
+// token, or at most for d: set before a sale lost by Redis is rebuilt, so
+// that a keyed retry of an order still in the queue is never handed a second
+// order id, and no unit is sold twice while the queued orders' units are
+// unknown to Redis. d is a safety bound only (a queued order is taken as
+// gone after it, see the sweeper); the drain marker ends it.
+func (s *Store) MarkRecovering(ctx context.Context, activityID int64, token string, d time.Duration) error {
+	if err := s.rdb.Set(ctx, s.Keys(activityID).Recovering, token, d).Err(); err != nil {
 		return fmt.Errorf("mark activity %d recovering: %w", activityID, err)
+	}
+	return nil
+}
+
+// Recovery returns the token of the sale's recovery, "" when it is not
+// recovering.
+func (s *Store) Recovery(ctx context.Context, activityID int64) (string, error) {
+	tok, err := s.rdb.Get(ctx, s.Keys(activityID).Recovering).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("recovery of activity %d: %w", activityID, err)
+	}
+	return tok, nil
+}
+
+// EndRecovery ends the sale's recovery if it is still the one named by token
+// (lua/recovered.lua); it reports whether it ended now.
+func (s *Store) EndRecovery(ctx context.Context, activityID int64, token string) (bool, error) {
+	n, err := lua.Recovered.Run(ctx, s.rdb, []string{s.Keys(activityID).Recovering}, token).Int64()
+	if err != nil {
+		return false, fmt.Errorf("end recovery of activity %d: %w", activityID, err)
+	}
+	return n == 1, nil
+}
+
+// RestoreKeys binds idempotency keys back to orders whose records Redis
+// lost (a worker that wrote such an order, a backend whose order was
+// confirmed after the loss): a keyed retry then replays the order. Only the
+// key, never the record: settle.lua writes the record and moves the counters
+// (a record restored first would make it skip them). A key bound already
+// wins (lua/restore.lua). Orders without a key are skipped.
+func (s *Store) RestoreKeys(ctx context.Context, activityID int64, orders []Decided) error {
+	k := s.Keys(activityID)
+	args := make([]any, 0, 1+6*len(orders))
+	args = append(args, 0) // the sale exists: restore.lua chooses no bucket count
+	for _, o := range orders {
+		if o.IdempotencyKey != "" {
+			args = append(args, o.OrderID, "", "", o.Quantity, o.UserID, o.IdempotencyKey)
+		}
+	}
+	if len(args) == 1 {
+		return nil
+	}
+	if err := lua.Restore.Run(ctx, s.rdb, []string{k.Meta}, args...).Err(); err != nil {
+		return fmt.Errorf("restore keys of %d orders of activity %d: %w", len(orders), activityID, err)
 	}
 	return nil
 }

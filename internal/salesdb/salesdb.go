@@ -5,8 +5,11 @@ package salesdb
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/seckill/seckill/internal/reservation"
@@ -88,21 +91,35 @@ func KeyOrder(ctx context.Context, q Querier, id int64, user, key string) (reser
 }
 
 // Restore prepares Redis for the rebuild of a sale it lost, and must run
-// before the sale is warmed again: it marks the sale recovering for window
-// (keys Redis does not know answer "unsure" meanwhile: they may belong to
-// orders still in the queue) and writes MySQL's decided orders' records and
-// keys back (see reservation.Store.Restore; total, MySQL's stock, chooses
-// the bucket count of the sale built anew). Run first, a Restore that fails
-// leaves the sale missing, so the next request or reconcile pass tries again.
-func Restore(ctx context.Context, q Querier, store *reservation.Store, id, total int64, window time.Duration) error {
+// before the sale is warmed again: with window > 0 it marks the sale
+// recovering under a fresh token (every request that would reserve answers
+// "unsure" meanwhile: keys Redis forgot may belong to orders still in the
+// queue, whose units Redis no longer counts) until a worker consumes the
+// drain marker published with that token, or window passes; then it writes
+// MySQL's decided orders' records and keys back (see
+// reservation.Store.Restore; total, MySQL's stock, chooses the bucket
+// count of the sale built anew). Run first, a Restore that fails leaves the
+// sale missing, so the next request or reconcile pass tries again. It
+// returns the recovery token ("" for window 0).
+func Restore(ctx context.Context, q Querier, store *reservation.Store, id, total int64, window time.Duration) (string, error) {
+	token := ""
 	if window > 0 {
-		if err := store.MarkRecovering(ctx, id, window); err != nil {
-			return err
+		token = RecoveryToken()
+		if err := store.MarkRecovering(ctx, id, token, window); err != nil {
+			return "", err
 		}
 	}
 	orders, err := Decided(ctx, q, id)
 	if err != nil {
-		return err
+		return "", err
 	}
-	return store.Restore(ctx, id, total, orders)
+	return token, store.Restore(ctx, id, total, orders)
+}
+
+// RecoveryToken names one recovery: the moment of the rebuild and 64
+// random bits, so that a marker of an earlier recovery never ends a later one.
+func RecoveryToken() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand never fails on Linux
+	return strconv.FormatInt(time.Now().UnixMilli(), 10) + "-" + hex.EncodeToString(b[:])
 }

@@ -8,8 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/seckill/seckill/conf"
-	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
 )
@@ -18,33 +17,8 @@ import (
 // the activity's pending count in Redis.
 func drainFixture(t *testing.T, n int, pending int64) (*Drainer, *amqp.Channel) {
 	t.Helper()
-	rc := conf.Default().RabbitMQ
-	rc.URL = servicetest.AMQPURL()
-	probe := broker.TopologyFor(rc)
-	suffix := func(names []string) []string {
-		out := make([]string, len(names))
-		for i, s := range names {
-			out[i] = strings.TrimPrefix(s, rc.Prefix)
-		}
-		return out
-	}
-	rc.Prefix = servicetest.AMQPPrefix(t, suffix(probe.QueueNames()), suffix(probe.ExchangeNames()))
-	topo := broker.TopologyFor(rc)
-	conn, err := amqp.Dial(rc.URL)
-	servicetest.Must(t, err, "dial")
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	servicetest.Must(t, err, "channel")
-	servicetest.Must(t, topo.Declare(ch), "declare")
-	servicetest.Must(t, ch.Confirm(false), "confirm mode")
-	for i := 0; i < n; i++ {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), topo.Exchange, topo.RoutingKey, true, false,
-			amqp.Publishing{Body: []byte(`{}`), DeliveryMode: amqp.Persistent})
-		servicetest.Must(t, err, "publish")
-		if ok, err := dc.WaitContext(context.Background()); err != nil || !ok {
-			t.Fatalf("publish not confirmed: %v", err)
-		}
-	}
+	rc, topo, ch := brokertest.Declare(t)
+	brokertest.Publish(t, ch, topo.Exchange, topo.RoutingKey, n)
 	rdb, prefix := servicetest.Redis(t)
 	rdb.HSet(context.Background(), reservation.KeysFor(prefix, actID).Meta, "total", 10, "pending", pending, "buckets", drainBuckets)
 	d := &Drainer{DB: openDB(t), Redis: rdb, Prefix: prefix, AMQPURL: rc.URL, Queue: topo.Queue,

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/backend/internal/sale"
+	"github.com/seckill/seckill/internal/connlimit"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/ordermsg"
 )
@@ -78,6 +80,9 @@ type Config struct {
 	// StateTTL is how long a sale state may be cached (the service's own
 	// cache TTL): the freshness the answer announces.
 	StateTTL time.Duration
+	// MaxConns bounds the connections served at once (Listener);
+	// 0: fasthttp's default bound.
+	MaxConns int
 }
 
 // API holds the handlers.
@@ -162,7 +167,26 @@ func (a *API) Server() *fasthttp.Server {
 		},
 		ErrorHandler: a.serverError,
 		Logger:       slogPrintf{a.log},
+		// Listener bounds connections first, with the API's answer.
+		Concurrency: 2 * a.maxConns(),
 	}
+}
+
+// Listener wraps ln with the connection bound (Config.MaxConns): beyond it
+// a connection gets the API's 503 unavailable with Retry-After, not
+// fasthttp's text/plain answer, and is closed.
+func (a *API) Listener(ln net.Listener) net.Listener {
+	body, _ := json.Marshal(errorBody{Code: CodeUnavailable, Message: "too many connections; retry later"})
+	secs, _ := strconv.Atoi(a.retryAfter)
+	return connlimit.Listen(ln, connlimit.Config{Max: a.maxConns(), Busy: connlimit.Answer{
+		Status: fasthttp.StatusServiceUnavailable, ContentType: "application/json", Body: body, RetryAfter: secs}})
+}
+
+func (a *API) maxConns() int {
+	if a.cfg.MaxConns > 0 {
+		return a.cfg.MaxConns
+	}
+	return fasthttp.DefaultConcurrency
 }
 
 type slogPrintf struct{ log *slog.Logger }
@@ -242,39 +266,7 @@ func (a *API) purchase(ctx *fasthttp.RequestCtx) {
 		a.serviceError(ctx, err)
 		return
 	}
-	switch res.Outcome {
-	case sale.Accepted:
-		ctx.SetStatusCode(fasthttp.StatusAccepted)
-		ctx.SetContentType("application/json")
-		var buf [128]byte
-		b := append(buf[:0], `{"order_id":`...)
-		b = strconv.AppendQuote(b, res.OrderID) // order ids are [0-9a-z-]
-		b = append(b, `,"status":`...)
-		b = strconv.AppendQuote(b, res.Status)
-		b = append(b, '}')
-		ctx.SetBody(b)
-	case sale.SoldOut:
-		writeError(ctx, fasthttp.StatusConflict, CodeSoldOut, "sold out")
-	case sale.Insufficient:
-		writeJSON(ctx, fasthttp.StatusConflict, map[string]any{
-			"code": CodeInsufficient, "message": fmt.Sprintf("only %d units left", res.Available), "available": res.Available,
-		})
-	case sale.LimitExceeded:
-		writeJSON(ctx, fasthttp.StatusConflict, map[string]any{
-			"code": CodeLimitExceeded, "message": fmt.Sprintf("holding %d of %d allowed", res.Held, res.Limit),
-			"held": res.Held, "limit": res.Limit,
-		})
-	case sale.NotStarted:
-		writeError(ctx, fasthttp.StatusConflict, CodeNotStarted, "the sale has not started")
-	case sale.Ended:
-		writeError(ctx, fasthttp.StatusConflict, CodeEnded, "the sale has ended")
-	case sale.BadQuantity:
-		writeJSON(ctx, fasthttp.StatusBadRequest, map[string]any{
-			"code": CodeBadRequest, "message": fmt.Sprintf("quantity must be between 1 and %d", res.Limit), "limit": res.Limit,
-		})
-	default:
-		writeError(ctx, fasthttp.StatusInternalServerError, CodeInternal, "unexpected outcome")
-	}
+	a.writeOutcome(ctx, res)
 }
 
 func (a *API) activity(ctx *fasthttp.RequestCtx) {
@@ -397,24 +389,17 @@ func (a *API) readyz(ctx *fasthttp.RequestCtx) {
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"status": "ok", "checks": status})
 }
 
-// serviceError maps the sale package's sentinel errors.
+// serviceError answers one of the sale package's errors.
 func (a *API) serviceError(ctx *fasthttp.RequestCtx, err error) {
-	switch {
-	case errors.Is(err, sale.ErrActivityNotFound):
-		writeError(ctx, fasthttp.StatusNotFound, CodeActivityNotFound, "activity not found")
-	case errors.Is(err, sale.ErrOrderNotFound):
-		writeError(ctx, fasthttp.StatusNotFound, CodeOrderNotFound, "order not found")
-	case errors.Is(err, sale.ErrConflict):
-		writeError(ctx, fasthttp.StatusConflict, CodeConflict, err.Error())
-	default:
+	ans := errorAnswer(err)
+	if ans.code == CodeUnavailable {
 		if !errors.Is(err, sale.ErrUnavailable) {
 			a.log.Error("unexpected service error", "path", string(ctx.Path()), "err", err)
 		} else {
 			a.log.Debug("unavailable", "path", string(ctx.Path()), "err", err)
 		}
-		ctx.Response.Header.Set("Retry-After", a.retryAfter)
-		writeError(ctx, fasthttp.StatusServiceUnavailable, CodeUnavailable, "temporarily unavailable; retry later")
 	}
+	a.write(ctx, ans, sale.PurchaseResult{})
 }
 
 func userValue(ctx *fasthttp.RequestCtx, name string) string {

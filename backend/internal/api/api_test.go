@@ -20,11 +20,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/backend/internal/api"
 	"github.com/seckill/seckill/backend/internal/sale"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
@@ -47,6 +49,10 @@ func (h *hookPublisher) Publish(ctx context.Context, o ordermsg.Order) error {
 		return h.hook(o, err)
 	}
 	return err
+}
+
+func (h *hookPublisher) PublishMarker(ctx context.Context, m ordermsg.Marker) error {
+	return h.real.PublishMarker(ctx, m)
 }
 
 type stack struct {
@@ -93,7 +99,7 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, l
 		cfg.MySQL.DSN = servicetest.MySQLDSN(t)
 	}
 	cfg.RabbitMQ.URL = servicetest.AMQPURL()
-	cfg.RabbitMQ.Prefix = servicetest.AMQPPrefix(t, []string{".orders", ".orders.dead"}, []string{".orders", ".orders.dlx"})
+	cfg.RabbitMQ.Prefix = brokertest.Prefix(t)
 	ctx := context.Background()
 	servicetest.Must(t, lua.Preload(ctx, rdb), "preload")
 	db, err := schema.Open(ctx, cfg.MySQL)
@@ -128,18 +134,14 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, l
 		{Name: "mysql", Fn: db.PingContext},
 		{Name: "rabbitmq", Fn: func(context.Context) error { return real.Ready() }},
 	}, reg, log, api.NewMetrics(reg))
-	srv := a.Server()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
+	addr := servicetest.Serve(t, a.Server(), a.Listener)
 
 	conn, err := amqp.Dial(servicetest.AMQPURL())
 	servicetest.Must(t, err, "dial")
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	servicetest.Must(t, err, "channel")
-	return &stack{url: "http://" + ln.Addr().String(), rdb: rdb, store: store, db: db,
+	return &stack{url: "http://" + addr, rdb: rdb, store: store, db: db,
 		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, api: a, svc: svc}
 }
 
@@ -729,4 +731,43 @@ func TestAdminStockChanges(t *testing.T) {
 	if r := s.put(t, id, 20, 3, start, end); r.status != 200 || r.body["available"] != 15.0 {
 		t.Errorf("raise: %d %s", r.status, r.raw)
 	}
+}
+
+// A connection beyond the backend's bound gets the API's 503 (JSON with a
+// code, Retry-After) instead of fasthttp's text/plain refusal; the
+// connection held still serves.
+func TestConnectionBoundAnswersLikeTheAPI(t *testing.T) {
+	t.Parallel()
+	s := newStackWith(t, time.Second, slog.New(slog.DiscardHandler), func(c *api.Config) { c.MaxConns = 1 })
+	addr := strings.TrimPrefix(s.url, "http://")
+	held, err := net.Dial("tcp", addr)
+	servicetest.Must(t, err, "dial")
+	defer held.Close()
+	hr := bufio.NewReader(held)
+	get := func() {
+		t.Helper()
+		_, err := held.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+		servicetest.Must(t, err, "write")
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseResponse(resp)
+		_ = held.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if err := resp.Read(hr); err != nil || resp.StatusCode() != 200 {
+			t.Fatalf("held connection: %d %v", resp.StatusCode(), err)
+		}
+	}
+	get()
+	c, err := net.Dial("tcp", addr)
+	servicetest.Must(t, err, "dial")
+	defer c.Close()
+	_, _ = c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	servicetest.Must(t, resp.Read(bufio.NewReader(c)), "read the refusal")
+	var body map[string]string
+	if resp.StatusCode() != 503 || string(resp.Header.ContentType()) != "application/json" ||
+		string(resp.Header.Peek("Retry-After")) != "1" || json.Unmarshal(resp.Body(), &body) != nil || body["code"] != "unavailable" {
+		t.Fatalf("refused connection: %d %q Retry-After %q: %s", resp.StatusCode(), resp.Header.ContentType(), resp.Header.Peek("Retry-After"), resp.Body())
+	}
+	get()
 }

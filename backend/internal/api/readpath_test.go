@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -226,12 +225,7 @@ func (s *stack) secondBackend(t *testing.T, scfg sale.Config) string {
 	a := api.New(svc, api.Config{AdminToken: token, MaxBodyBytes: 4096, AdminBodyBytes: 65536, RetryAfter: time.Second,
 		ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, IdleTimeout: time.Minute, StateTTL: scfg.StateTTL},
 		nil, nil, log, nil)
-	srv := a.Server()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return "http://" + ln.Addr().String()
+	return "http://" + servicetest.Serve(t, a.Server(), a.Listener)
 }
 
 func (s *stack) activity(t *testing.T, id int64) reply {

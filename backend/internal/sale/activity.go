@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/salesdb"
@@ -20,6 +21,10 @@ type mysqlRow struct {
 	Start, End                time.Time
 	Gen                       int64 // bumped by every admin change
 	Archived                  bool  // Redis holds no per-order state of the sale
+	// Fresh: nothing of the sale can be in the queue — the admin change at
+	// hand creates it, or reopens it from an archive (archived only once
+	// every order was settled). Not read from MySQL.
+	Fresh bool
 }
 
 const selectActivity = `SELECT total_stock, stock, sold, per_user_limit, starts_at, ends_at, generation, archived_at IS NOT NULL
@@ -67,7 +72,7 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold,
 		CreateOnly: createOnly, Gen: a.Gen}
 	if !createOnly {
-		if err := s.restoreIfBuilt(ctx, id, a.Gen, a.Total); err != nil {
+		if err := s.restoreIfBuilt(ctx, id, a); err != nil {
 			return "", reservation.Sale{}, err
 		}
 	}
@@ -100,8 +105,11 @@ func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly boo
 // summary of an archive older than gen (warm.lua reopens it). The caller
 // holds the activity's row lock, so no other admin change or archive moves
 // the sale meanwhile; a rebuild that builds it first finds the same orders
-// (what Redis holds wins, see lua/restore.lua).
-func (s *Service) restoreIfBuilt(ctx context.Context, id, gen, total int64) error {
+// (what Redis holds wins, see lua/restore.lua). A live sale Redis lost
+// (not a reopened archive, not one this change creates) may have orders in
+// the queue: it recovers like a rebuild does, until its drain marker passes.
+func (s *Service) restoreIfBuilt(ctx context.Context, id int64, a mysqlRow) error {
+	gen := a.Gen
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 	cur, found, err := s.store.Sale(rctx, id)
 	cancel()
@@ -111,9 +119,15 @@ func (s *Service) restoreIfBuilt(ctx context.Context, id, gen, total int64) erro
 	if found && !(cur.Archived && cur.Gen < gen) {
 		return nil
 	}
+	window := time.Duration(0)
+	if !found && !a.Fresh {
+		window = s.cfg.RecoveryMax
+	}
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	return salesdb.Restore(qctx, s.db, s.store, id, total, 0)
+	token, err := salesdb.Restore(qctx, s.db, s.store, id, a.Total, window)
+	s.sendMarker(id, token)
+	return err
 }
 
 // errArchived: the sale is archived; MySQL answers for it.
@@ -137,11 +151,13 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		}
 		// Before the sale exists again: orders MySQL decided get their
 		// records and keys back (a client retrying with its Idempotency-Key
-		// finds its order), and keys Redis does not know answer 503 until
-		// every order published before the loss can have reached MySQL. A
-		// failure leaves the sale missing: the next request tries again.
+		// finds its order), and the sale recovers — keys Redis does not
+		// know are answered from MySQL or 503, nothing new is reserved —
+		// until a worker takes the drain marker sent below: every order
+		// queued before the loss is then decided. A failure leaves the sale
+		// missing: the next request tries again.
 		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-		err = salesdb.Restore(qctx, s.db, s.store, id, a.Total, s.recoveryWindow())
+		token, err := salesdb.Restore(qctx, s.db, s.store, id, a.Total, s.cfg.RecoveryMax)
 		cancel()
 		if err != nil {
 			s.m.rebuilt("restore", err)
@@ -160,15 +176,60 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		if out == reservation.WarmArchived {
 			return true, errArchived
 		}
+		s.sendMarker(id, token)
 		s.log.Info("activity rebuilt in Redis from MySQL", "activity_id", id, "outcome", out)
 		return true, nil
 	})
 }
 
-// recoveryWindow is how long a rebuilt sale answers 503 to keys neither
-// Redis nor MySQL knows: an order published before the loss reaches MySQL
-// within its reservation TTL (the sweeper expires it at the latest).
-func (s *Service) recoveryWindow() time.Duration { return s.cfg.ReservationTTL + s.cfg.RecoveryGrace }
+// markerSent is the last drain marker this backend sent for an activity.
+type markerSent struct {
+	token string
+	at    time.Time
+}
+
+// sendMarker publishes the drain marker of a sale's recovery (token) in the
+// background, retrying until the broker confirms it. Once confirmed it is
+// sent again only after ReservationTTL, while the sale still recovers under
+// that token: a marker lost with its queue (or dead-lettered) would
+// otherwise leave the sale recovering until RecoveryMax. Copies are
+// harmless: the first one a worker takes ends the recovery, the others find
+// it ended. The backend that rebuilt the sale sends the first marker; any
+// backend whose purchase meets the recovery (the reconciler rebuilt it)
+// sends one too.
+func (s *Service) sendMarker(id int64, token string) {
+	if token == "" {
+		return
+	}
+	now := s.now()
+	s.markersMu.Lock()
+	last, ok := s.markers[id]
+	if ok && last.token == token && now.Sub(last.at) < s.cfg.ReservationTTL {
+		s.markersMu.Unlock()
+		return
+	}
+	s.markers[id] = markerSent{token: token, at: now}
+	s.markersMu.Unlock()
+	m := ordermsg.Marker{ActivityID: id, Token: token}
+	s.later(now.Add(s.cfg.ReservationTTL), func(r string) { s.m.purchased("drain_marker_" + r) }, func() error {
+		pctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
+		defer cancel()
+		err := s.pub.PublishMarker(pctx, m)
+		if err == nil || errors.Is(err, broker.ErrDuplicate) {
+			s.m.purchased("drain_marker_sent")
+			return nil
+		}
+		return err
+	}, func(err error) {
+		// The next purchase that meets the recovery sends it again.
+		s.markersMu.Lock()
+		if s.markers[id].token == token {
+			delete(s.markers, id)
+		}
+		s.markersMu.Unlock()
+		s.log.Warn("drain marker not confirmed; a later purchase sends it again", "activity_id", id, "err", err)
+	})
+}
 
 // keyOrder answers a key Redis does not know while a sale recovers from a
 // Redis loss: MySQL's order of that key is restored to Redis and replayed;
@@ -183,8 +244,10 @@ func (s *Service) keyOrder(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	if !found {
 		return PurchaseResult{}, fmt.Errorf("%w: key of activity %d unknown while the sale recovers from a Redis loss", ErrUnavailable, r.ActivityID)
 	}
+	// The key only: the record is the worker's settle to write (with the
+	// counters; a record written first would make it skip them).
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
-	if err := s.store.Restore(rctx, r.ActivityID, 0, []reservation.Decided{d}); err != nil {
+	if err := s.store.RestoreKeys(rctx, r.ActivityID, []reservation.Decided{d}); err != nil {
 		s.log.Debug("restore of a key's order failed; MySQL answered it", "order_id", d.OrderID, "err", err)
 	}
 	cancel()
@@ -370,9 +433,11 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 		if err = tx.Commit(); err != nil {
 			return false, err
 		}
+		next.Fresh = true
 		return true, s.warmAfterCommit(ctx, id, next)
 	}
 	next.Sold = old.Sold
+	next.Fresh = old.Archived
 	if spec.Stock < old.Sold {
 		return false, fmt.Errorf("%w: stock %d is below the %d units MySQL has sold", ErrConflict, spec.Stock, old.Sold)
 	}
@@ -421,7 +486,7 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 // from the row as it is now, read under its lock: a later change of the same
 // activity (which takes that lock too) may have committed meanwhile, and an
 // older value must never overwrite what it wrote to Redis.
-func (s *Service) warmAfterCommit(ctx context.Context, id int64, _ mysqlRow) error {
+func (s *Service) warmAfterCommit(ctx context.Context, id int64, next mysqlRow) error {
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	tx, err := s.db.BeginTx(qctx, nil)
@@ -433,6 +498,7 @@ func (s *Service) warmAfterCommit(ctx context.Context, id int64, _ mysqlRow) err
 	if err != nil || !found {
 		return fmt.Errorf("%w: saved in MySQL, Redis not updated (repeat the request): re-read: found=%v %v", ErrUnavailable, found, err)
 	}
+	cur.Fresh = next.Fresh
 	out, rs, err := s.warm(ctx, id, cur, false)
 	if err != nil {
 		return fmt.Errorf("%w: saved in MySQL, Redis not updated (repeat the request): %v", ErrUnavailable, err)

@@ -32,9 +32,11 @@ var (
 	ErrConflict = errors.New("conflicting change")
 )
 
-// Publisher hands an order to the broker; nil only after the broker confirmed.
+// Publisher hands an order, or a drain marker, to the broker; nil only after
+// the broker confirmed.
 type Publisher interface {
 	Publish(ctx context.Context, o ordermsg.Order) error
+	PublishMarker(ctx context.Context, m ordermsg.Marker) error
 }
 
 // Config holds the timeouts and TTLs of the service.
@@ -48,10 +50,12 @@ type Config struct {
 	StateTTL        time.Duration // sale state answered from the local cache
 	OrderWaitMax    time.Duration // longest order long-poll
 	MaxOrderWaiters int           // order long-polls waiting at once
-	// RecoveryGrace is added to ReservationTTL for the window in which a
-	// sale rebuilt after a Redis loss answers 503 to unknown keys ([worker]
-	// republish_after: the sweeper's grace before it expires an order).
-	RecoveryGrace time.Duration
+	// RecoveryMax bounds the recovery of a sale rebuilt after a Redis loss
+	// (reservation_ttl + [worker] queued_expire_after: past it the sweeper
+	// takes any order queued before the loss as gone). The drain marker
+	// ends it as soon as the queue has delivered what was queued before;
+	// this bound only matters if no marker ever gets through.
+	RecoveryMax time.Duration
 }
 
 // Service runs purchases and admin changes.
@@ -72,6 +76,9 @@ type Service struct {
 	// afterWarm, when set (tests), runs once an admin change's warm has
 	// built the sale anew, before anything else happens.
 	afterWarm func(id int64)
+
+	markersMu sync.Mutex
+	markers   map[int64]markerSent // the last drain marker sent per recovering activity
 
 	bg        sync.WaitGroup // background undos
 	undoSlots chan struct{}  // bounds the undos in the background
@@ -94,22 +101,30 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 		now:       time.Now,
 		stop:      make(chan struct{}),
 		undoSlots: make(chan struct{}, maxUndos),
+		markers:   map[int64]markerSent{},
 	}
 }
 
-// Outcome of a purchase that was decided (not an error).
-type Outcome string
+// Outcome is how a purchase was decided (not an error): the purchase
+// path's one vocabulary, reserve.lua's (reservation.Outcome). A refusal the
+// script decided reaches the API as the script named it, and package api
+// translates each outcome to HTTP in one table.
+type Outcome = reservation.Outcome
 
-// Purchase outcomes.
+// The outcomes Purchase returns (the script's other replies, such as a
+// replay or an unknown activity, are acted on here, never returned).
 const (
-	Accepted      Outcome = "accepted"
-	SoldOut       Outcome = "sold_out"
-	Insufficient  Outcome = "insufficient_stock"
-	LimitExceeded Outcome = "limit_exceeded"
-	NotStarted    Outcome = "not_started"
-	Ended         Outcome = "ended"
-	BadQuantity   Outcome = "bad_quantity"
+	Accepted      = reservation.Reserved // 202: a new order, or a replay of the key's
+	SoldOut       = reservation.SoldOut
+	Insufficient  = reservation.Insufficient
+	LimitExceeded = reservation.LimitExceeded
+	NotStarted    = reservation.NotStarted
+	Ended         = reservation.Ended
+	BadQuantity   = reservation.BadQuantity
 )
+
+// Outcomes lists every Outcome Purchase returns.
+var Outcomes = []Outcome{Accepted, SoldOut, Insufficient, LimitExceeded, NotStarted, Ended, BadQuantity}
 
 // PurchaseRequest is a validated purchase.
 type PurchaseRequest struct {
@@ -174,6 +189,13 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	case reservation.Reserved:
 		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline), false)
 	case reservation.Unsure:
+		// The sale recovers from a Redis loss: make sure its drain marker
+		// is on its way, then answer from MySQL what Redis cannot.
+		s.sendMarker(r.ActivityID, res.Recovery)
+		if r.IdempotencyKey == "" {
+			s.m.purchased("recovering")
+			return PurchaseResult{}, fmt.Errorf("%w: activity %d recovers from a Redis loss: orders queued before it are not counted yet", ErrUnavailable, r.ActivityID)
+		}
 		return s.keyOrder(ctx, r)
 	case reservation.Replay:
 		if res.State == reservation.Pending && !res.Queued {
@@ -189,20 +211,15 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 			s.state.soldOut(r.ActivityID)
 		}
 		return PurchaseResult{Outcome: SoldOut}, nil
-	case reservation.Insufficient:
-		return PurchaseResult{Outcome: Insufficient, Available: res.Available}, nil
-	case reservation.LimitExceeded:
-		return PurchaseResult{Outcome: LimitExceeded, Held: res.Held, Limit: res.Limit}, nil
-	case reservation.NotStarted:
-		return PurchaseResult{Outcome: NotStarted}, nil
+	case reservation.Insufficient, reservation.LimitExceeded, reservation.NotStarted, reservation.BadQuantity:
+		// Decided by the script: answered as it named it.
+		return PurchaseResult{Outcome: res.Outcome, Limit: res.Limit, Held: res.Held, Available: res.Available}, nil
 	case reservation.Ended:
 		if r.IdempotencyKey != "" {
 			// An archived sale keeps no keys in Redis: MySQL knows them.
 			return s.archived(ctx, r)
 		}
 		return PurchaseResult{Outcome: Ended}, nil
-	case reservation.BadQuantity:
-		return PurchaseResult{Outcome: BadQuantity, Limit: res.Limit}, nil
 	}
 	return PurchaseResult{}, fmt.Errorf("%w: reserve answered %q", ErrUnavailable, res.Outcome)
 }
@@ -477,7 +494,18 @@ func (s *Service) markQueued(ctx context.Context, r PurchaseRequest, o ordermsg.
 	// Settled meanwhile (a worker was quick, or a replay's failed publish
 	// refused it) or lost with Redis (the queued message writes it).
 	rec, found, err := s.store.Order(rctx, r.ActivityID, o.OrderID)
-	if err != nil || !found {
+	if err != nil {
+		return "pending"
+	}
+	if !found {
+		// Redis lost the sale while this publish was in flight: its message
+		// may be queued after the drain marker of the rebuild, so the
+		// recovery may end before a worker writes it. Its key goes back
+		// now, so that a retry replays it rather than buy again.
+		d := reservation.Decided{OrderID: o.OrderID, UserID: r.UserID, IdempotencyKey: r.IdempotencyKey, Quantity: o.Quantity}
+		if err := s.store.RestoreKeys(rctx, r.ActivityID, []reservation.Decided{d}); err != nil {
+			s.log.Warn("key of an order confirmed after a Redis loss not restored", "order_id", o.OrderID, "err", err)
+		}
 		return "pending"
 	}
 	return rec.State.Public()

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/seckill/seckill/internal/servicetest"
 )
 
 // shop is a tiny in-process stand-in for proxy + backend speaking the
@@ -81,14 +83,7 @@ func (s *shop) handle(ctx *fasthttp.RequestCtx) {
 
 func serve(t *testing.T, s *shop) string {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: s.handle, Concurrency: 10000}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return "http://" + ln.Addr().String()
+	return "http://" + servicetest.Serve(t, &fasthttp.Server{Handler: s.handle, Concurrency: 10000})
 }
 
 func baseConfig(url string) Config {
@@ -151,21 +146,15 @@ func TestForwardedFor(t *testing.T) {
 	var mu sync.Mutex
 	xff := map[string]bool{}
 	s := newShop(1 << 30)
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	addr := servicetest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		mu.Lock()
 		if v := ctx.Request.Header.Peek("X-Forwarded-For"); len(v) > 0 {
 			xff[string(v)] = true
 		}
 		mu.Unlock()
 		s.handle(ctx)
-	}}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	cfg := baseConfig("http://" + ln.Addr().String())
+	}})
+	cfg := baseConfig("http://" + addr)
 	cfg.Sources, _ = SourceAddrs("127.4.0.0/24", 10)
 	cfg.ForwardedFor = true
 	run(t, cfg)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 )
 
@@ -188,6 +189,35 @@ func purchase(client *http.Client, base string, activity int64, a *Attempt, prep
 	return resp.StatusCode, out.Code, out.OrderID, nil
 }
 
+// Once sends attempt a to backend b once, recording its answer like any
+// attempt of the crowd (it is not added to Attempts: the caller does).
+func (c *Crowd) Once(s *Stack, b *Proc, a *Attempt) {
+	one := &Crowd{Sale: c.Sale, Retries: 0, Prepare: c.Prepare}
+	one.attempt(s.HTTP, []*Proc{b}, 0, a)
+}
+
+// Resolve asks again, with its key, for every keyed attempt whose final
+// answer was a transport error (its retries ran out without an answer,
+// e.g. its backend died mid-request): its outcome is unknown to the client,
+// not "nothing kept", and a real client holding the key would learn it so.
+// The answers are appended to Attempts, so that the ledger holds the 202 of
+// an order that was confirmed while its client heard nothing. Run it once
+// the fault is healed, before the drain.
+func (c *Crowd) Resolve(s *Stack) {
+	var unknown []*Attempt
+	for _, a := range c.Attempts {
+		if a.Key != "" && a.Status == 0 {
+			unknown = append(unknown, &Attempt{User: a.User, Key: a.Key, Qty: a.Qty})
+		}
+	}
+	if len(unknown) == 0 {
+		return
+	}
+	rc := &Crowd{Sale: c.Sale, Retries: 20, Workers: 16}
+	unknown = append(unknown, rc.run(s.HTTP, s.liveBackends(), unknown)...)
+	c.Attempts = append(c.Attempts, unknown...)
+}
+
 // Accepted returns the attempts answered 202.
 func (c *Crowd) Accepted() []*Attempt {
 	var out []*Attempt
@@ -231,6 +261,15 @@ func (c *Crowd) Unexpected(allowErrors bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// ExpectContract fails t, without stopping it, for final answers outside
+// the contract (Unexpected), naming the first five.
+func (c *Crowd) ExpectContract(t testing.TB, allowErrors bool) {
+	t.Helper()
+	if u := c.Unexpected(allowErrors); len(u) > 0 {
+		t.Errorf("answers outside the contract: %v", u[:min(len(u), 5)])
+	}
 }
 
 // Summary is a one-line view of the answers.

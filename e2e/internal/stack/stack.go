@@ -22,6 +22,7 @@ import (
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/servicetest"
@@ -106,18 +107,10 @@ func New(t testing.TB, o Options) *Stack {
 		s.RedisURL = redisURL(t, o.RedisDB)
 	}
 	s.Redis, s.Prefix = servicetest.RedisAt(t, s.RedisURL)
-	topo := broker.TopologyFor(conf.RabbitMQ{Prefix: "x", DeliveryLimit: 5})
-	suffix := func(names []string) []string {
-		out := make([]string, len(names))
-		for i, n := range names {
-			out[i] = n[1:] // drop "x"
-		}
-		return out
-	}
 	s.AMQPURL = o.AMQPURL
 	if s.AMQPURL == "" {
 		s.AMQPURL = servicetest.AMQPURL()
-		s.AMQPPrefix = servicetest.AMQPPrefix(t, suffix(topo.QueueNames()), suffix(topo.ExchangeNames()))
+		s.AMQPPrefix = brokertest.Prefix(t)
 	} else {
 		s.AMQPPrefix = servicetest.Name(t) // an own broker goes with the test
 	}

@@ -34,6 +34,17 @@ func (s *Stack) Drain(t testing.TB, sale Sale, accepted []*Attempt) {
 	}
 }
 
+// Finish ends a crowd test: resolves the keyed attempts left without an
+// answer (Crowd.Resolve), drains the accepted orders, sells what is left
+// (MopUp) and checks I1–I5 (Check) under the name fault.
+func (s *Stack) Finish(t testing.TB, fault string, sale Sale, c *Crowd) Verdict {
+	t.Helper()
+	c.Resolve(s)
+	s.Drain(t, sale, c.Accepted())
+	s.MopUp(t, sale, c)
+	return s.Check(t, fault, sale, c)
+}
+
 // MopUp sells what is left so that the sale ends sold out ("sold out" only
 // once nothing is left), draining in between. It returns the extra attempts.
 func (s *Stack) MopUp(t testing.TB, sale Sale, crowd *Crowd) {

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/proxy/internal/route"
 )
 
 // Policy is an immutable compiled access configuration; a reload builds a
@@ -20,8 +21,7 @@ type Policy struct {
 }
 
 type rule struct {
-	methods    [][]byte // empty: any
-	prefix     []byte
+	match      route.Match
 	allow      []netip.Prefix
 	requireJWT bool
 }
@@ -39,10 +39,7 @@ func Compile(denyPrefixes []string, rules []conf.Rule) (*Policy, error) {
 		if len(cr.AllowFrom) == 0 && !cr.RequireJWT {
 			continue
 		}
-		r := rule{prefix: []byte(cr.PathPrefix), requireJWT: cr.RequireJWT}
-		for _, m := range cr.Methods {
-			r.methods = append(r.methods, []byte(m))
-		}
+		r := rule{match: route.New(cr.Methods, cr.PathPrefix), requireJWT: cr.RequireJWT}
 		for _, c := range cr.AllowFrom {
 			pf, err := netip.ParsePrefix(c)
 			if err != nil {
@@ -115,7 +112,7 @@ func (p *Policy) Allowed(method, path []byte, client netip.Addr) bool {
 	client = client.Unmap()
 	for i := range p.rules {
 		r := &p.rules[i]
-		if len(r.allow) == 0 || !r.matches(method, path) {
+		if len(r.allow) == 0 || !r.match.Applies(method, path) {
 			continue
 		}
 		for _, a := range r.allow {
@@ -131,24 +128,7 @@ func (p *Policy) Allowed(method, path []byte, client netip.Addr) bool {
 // verified token.
 func (p *Policy) RequireJWT(method, path []byte) bool {
 	for i := range p.rules {
-		if r := &p.rules[i]; r.requireJWT && r.matches(method, path) {
-			return true
-		}
-	}
-	return false
-}
-
-// matches is the rule match of the limiter (limiter.Rules.Match): path
-// prefix, then method when the rule names any.
-func (r *rule) matches(method, path []byte) bool {
-	if !bytes.HasPrefix(path, r.prefix) {
-		return false
-	}
-	if len(r.methods) == 0 {
-		return true
-	}
-	for _, m := range r.methods {
-		if bytes.Equal(m, method) {
+		if r := &p.rules[i]; r.requireJWT && r.match.Applies(method, path) {
 			return true
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/debug"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/connlimit"
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/proxy/internal/forward"
 	"github.com/seckill/seckill/proxy/internal/identity"
@@ -114,10 +116,12 @@ func (p *Proxy) WatchStockEvents(ctx context.Context, rdb *redis.Client, log *sl
 func (p *Proxy) Server(log *slog.Logger) *fasthttp.Server {
 	c := p.cfg.Proxy
 	return &fasthttp.Server{
-		Handler:                       recovered(p.serve, log),
-		ErrorHandler:                  ServerError,
-		Concurrency:                   c.Concurrency,
-		MaxConnsPerIP:                 c.MaxConnsPerIP,
+		Handler:      recovered(p.serve, log),
+		ErrorHandler: ServerError,
+		// Listener bounds connections first (its answers are problem
+		// details with Retry-After); fasthttp's own bound, whose answer is
+		// text/plain, sits above it and is never reached.
+		Concurrency:                   2 * c.Concurrency,
 		Name:                          "seckill-proxy",
 		ReadTimeout:                   c.ReadTimeout.Duration,
 		WriteTimeout:                  c.WriteTimeout.Duration,
@@ -132,6 +136,24 @@ func (p *Proxy) Server(log *slog.Logger) *fasthttp.Server {
 		CloseOnShutdown:               true,
 		Logger:                        fasthttpLogger{log},
 	}
+}
+
+// Listener wraps the forwarding listener ln with the connection bounds
+// ([proxy] concurrency, max_conns_per_ip): a connection beyond them gets 503
+// or 429 problem details with Retry-After, and is closed.
+func (p *Proxy) Listener(ln net.Listener) net.Listener {
+	c := p.cfg.Proxy
+	answer := func(status int, typ, title, detail string) connlimit.Answer {
+		return connlimit.Answer{Status: status, ContentType: string(ctProblem), RetryAfter: 1,
+			Body: problemBody(status, typ, title, detail)}
+	}
+	return connlimit.Listen(ln, connlimit.Config{
+		Max: c.Concurrency, PerIP: c.MaxConnsPerIP,
+		Busy: answer(fasthttp.StatusServiceUnavailable, "too-many-connections", "Too many connections",
+			"the proxy serves as many connections as it may; retry later"),
+		PerIPExceeded: answer(fasthttp.StatusTooManyRequests, "too-many-connections-per-ip", "Too many connections from your address",
+			"this address holds as many connections as it may; close one or retry later"),
+	})
 }
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx) {

@@ -312,6 +312,11 @@ func problem(ctx *fasthttp.RequestCtx, status int, typ, title, detail string) {
 	ctx.Response.ResetBody()
 	ctx.SetStatusCode(status)
 	ctx.Response.Header.SetContentTypeBytes(ctProblem)
+	ctx.SetBody(problemBody(status, typ, title, detail))
+}
+
+// problemBody is the proxy's problem details document.
+func problemBody(status int, typ, title, detail string) []byte {
 	b := make([]byte, 0, 160)
 	b = append(b, `{"type":"urn:seckill:proxy:`...)
 	b = append(b, typ...)
@@ -323,8 +328,7 @@ func problem(ctx *fasthttp.RequestCtx, status int, typ, title, detail string) {
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"detail":`...)
 	b = strconv.AppendQuote(b, detail)
-	b = append(b, '}')
-	ctx.SetBody(b)
+	return append(b, '}')
 }
 
 // ServerError answers errors fasthttp raises before the handler runs:

@@ -1,8 +1,10 @@
 package edge
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -305,7 +307,7 @@ func TestRedisFaults(t *testing.T) {
 	for _, fault := range []string{"down", "paused", "slow"} {
 		for _, mode := range []string{"local", "open", "closed"} {
 			t.Run(fault+"/"+mode, func(t *testing.T) {
-				addr := privateRedis(t)
+				addr := servicetest.PrivateRedis(t).Addr
 				redisAddr := addr
 				switch fault {
 				case "slow":
@@ -383,13 +385,27 @@ func TestPanicAnswers500AndTheProxyServesOn(t *testing.T) {
 	}
 }
 
-// MaxConnsPerIP bounds one client's connections: beyond it the server
-// refuses (fasthttp answers 429 and closes), others pass.
+// MaxConnsPerIP bounds one client's connections, Concurrency all of them:
+// beyond either the proxy refuses with problem details and Retry-After (429
+// per address, 503 in all) and closes; the connection held passes.
 func TestMaxConnsPerIP(t *testing.T) {
 	t.Parallel()
-	up := startUpstream(t)
-	cfg := baseConfig(t, up.addr)
-	cfg.Proxy.MaxConnsPerIP = 1
+	t.Run("per_ip", func(t *testing.T) {
+		t.Parallel()
+		cfg := baseConfig(t, startUpstream(t).addr)
+		cfg.Proxy.MaxConnsPerIP = 1
+		connBound(t, cfg, "429", "too-many-connections-per-ip")
+	})
+	t.Run("concurrency", func(t *testing.T) {
+		t.Parallel()
+		cfg := baseConfig(t, startUpstream(t).addr)
+		cfg.Proxy.Concurrency = 1
+		connBound(t, cfg, "503", "too-many-connections")
+	})
+}
+
+func connBound(t *testing.T, cfg conf.Config, status, code string) {
+	t.Helper()
 	p := startProxy(t, cfg)
 	first, err := net.Dial("tcp", p.addr)
 	servicetest.Must(t, err, "dial")
@@ -403,7 +419,21 @@ func TestMaxConnsPerIP(t *testing.T) {
 		t.Fatalf("first connection: %q %v", buf[:n], err)
 	}
 	// The first connection is still open: a second one is refused.
-	if got := raw(t, p.addr, "GET /b HTTP/1.1\r\nHost: x\r\n\r\n", 5*time.Second); !strings.HasPrefix(got, "HTTP/1.1 429") {
-		t.Fatalf("second connection of the same address: %q", got)
+	got := raw(t, p.addr, "GET /b HTTP/1.1\r\nHost: x\r\n\r\n", 5*time.Second)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := resp.Read(bufio.NewReader(strings.NewReader(got))); err != nil {
+		t.Fatalf("second connection: %q: %v", got, err)
+	}
+	var body struct{ Code string }
+	if !strings.HasPrefix(got, "HTTP/1.1 "+status) || string(resp.Header.ContentType()) != "application/problem+json" ||
+		string(resp.Header.Peek("Retry-After")) != "1" || json.Unmarshal(resp.Body(), &body) != nil || body.Code != code {
+		t.Fatalf("second connection: %q, want %s problem details %q with Retry-After", got, status, code)
+	}
+	// The held connection still serves.
+	_, err = first.Write([]byte("GET /c HTTP/1.1\r\nHost: x\r\n\r\n"))
+	servicetest.Must(t, err, "write")
+	if n, err := first.Read(buf); err != nil || !strings.HasPrefix(string(buf[:n]), "HTTP/1.1 200") {
+		t.Fatalf("held connection after the refusal: %q %v", buf[:n], err)
 	}
 }

@@ -44,10 +44,7 @@ func (u *upstream) count(client string) int64 {
 func startUpstream(t *testing.T) *upstream {
 	t.Helper()
 	u := &upstream{}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	u.addr = ln.Addr().String()
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	u.addr = servicetest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		u.hits.Add(1)
 		if c := ctx.Request.Header.Peek("X-Test-Client"); len(c) > 0 {
 			v, _ := u.ledger.LoadOrStore(string(c), new(atomic.Int64))
@@ -85,9 +82,7 @@ func startUpstream(t *testing.T) *upstream {
 		ctx.Response.Header.Set("Keep-Alive", "timeout=5")
 		ctx.Response.Header.Set("Proxy-Foo", "x")
 		ctx.SetBodyString("ok")
-	}}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
+	}})
 	return u
 }
 
@@ -110,18 +105,15 @@ func startProxy(t *testing.T, cfg conf.Config, opts ...Option) *proxyUnderTest {
 	}
 	p, err := New(cfg, rdb, log, opts...)
 	servicetest.Must(t, err, "new proxy")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	srv := p.Server(log)
-	go func() { _ = srv.Serve(ln) }()
+	addr := servicetest.Serve(t, p.Server(log), p.Listener)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Handler.Limiter.Run(ctx); close(done) }()
 	ready := make(chan struct{})
 	go p.WatchStockEvents(ctx, rdb, log, ready)
 	<-ready
-	t.Cleanup(func() { cancel(); <-done; _ = srv.Shutdown() })
-	return &proxyUnderTest{addr: ln.Addr().String(), p: p, rdb: rdb}
+	t.Cleanup(func() { cancel(); <-done }) // before Serve's shutdown
+	return &proxyUnderTest{addr: addr, p: p, rdb: rdb}
 }
 
 // baseConfig points at the test Redis with the test's key prefix and at up.

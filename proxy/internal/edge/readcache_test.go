@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -31,10 +30,7 @@ type stateUpstream struct {
 func startStateUpstream(t *testing.T) *stateUpstream {
 	t.Helper()
 	u := &stateUpstream{}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	u.addr = ln.Addr().String()
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	u.addr = servicetest.Serve(t, &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		u.reads.Add(1)
 		ctx.SetContentType("application/json")
 		switch p := string(ctx.Path()); p {
@@ -61,9 +57,7 @@ func startStateUpstream(t *testing.T) *stateUpstream {
 			ctx.Response.Header.Set("Age", "2")
 		}
 		ctx.SetBodyString(fmt.Sprintf(`{"path":%q,"version":%d}`, ctx.Path(), u.version.Load()))
-	}}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
+	}})
 	return u
 }
 

@@ -4,8 +4,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"os/exec"
-	"strconv"
 	"testing"
 	"time"
 
@@ -13,32 +11,6 @@ import (
 
 	"github.com/seckill/seckill/internal/servicetest"
 )
-
-// privateRedis starts a throwaway redis-server on a random port, so that
-// killing or pausing it disturbs no other test.
-func privateRedis(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--protected-mode", "no")
-	servicetest.Must(t, cmd.Start(), "start redis-server")
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	for i := 0; ; i++ {
-		if rdb.Ping(context.Background()).Err() == nil {
-			return addr
-		}
-		if i > 100 {
-			t.Fatal("private redis-server did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 func killRedis(t *testing.T, addr string) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})

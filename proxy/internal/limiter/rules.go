@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"bytes"
 	"fmt"
 	"hash/maphash"
 	"strconv"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/proxy/internal/route"
 )
 
 // Mode is what a rule does while Redis cannot be asked.
@@ -92,8 +92,7 @@ func (w *Window) KindName() string {
 // Rule is a compiled [[proxy.rules]] entry.
 type Rule struct {
 	Name    string
-	methods [][]byte // empty: any
-	prefix  []byte
+	match   route.Match
 	Windows []*Window // per-client first
 	Mode    Mode
 	Shadow  bool
@@ -141,10 +140,7 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 		if err != nil {
 			return nil, fmt.Errorf("rule %s: %w", cr.Name, err)
 		}
-		r := &Rule{Name: cr.Name, prefix: []byte(cr.PathPrefix), Mode: mode, Shadow: cr.Shadow}
-		for _, meth := range cr.Methods {
-			r.methods = append(r.methods, []byte(meth))
-		}
+		r := &Rule{Name: cr.Name, match: route.New(cr.Methods, cr.PathPrefix), Mode: mode, Shadow: cr.Shadow}
 		add := func(k Kind, w *conf.Window) error {
 			if w == nil {
 				return nil
@@ -227,22 +223,9 @@ func (rs *Rules) Key(w *Window, client []byte) string {
 // Match appends to dst every rule that applies to the method and path.
 func (rs *Rules) Match(dst []*Rule, method, path []byte) []*Rule {
 	for _, r := range rs.list {
-		if !bytes.HasPrefix(path, r.prefix) {
-			continue
+		if r.match.Applies(method, path) {
+			dst = append(dst, r)
 		}
-		if len(r.methods) > 0 {
-			ok := false
-			for _, m := range r.methods {
-				if bytes.Equal(m, method) {
-					ok = true
-					break
-				}
-			}
-			if !ok {
-				continue
-			}
-		}
-		dst = append(dst, r)
 	}
 	return dst
 }

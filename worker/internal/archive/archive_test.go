@@ -13,13 +13,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
-	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/saletest"
 	"github.com/seckill/seckill/internal/servicetest"
 	"github.com/seckill/seckill/internal/teardown"
-	"github.com/seckill/seckill/lua"
 )
 
 type rig struct {
@@ -28,22 +26,17 @@ type rig struct {
 	prefix string
 	store  *reservation.Store
 	db     *sql.DB
+	sr     *saletest.Rig
 	arc    *Archiver
 }
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	ctx := context.Background()
-	rdb, prefix := servicetest.Redis(t)
-	servicetest.Must(t, lua.Preload(ctx, rdb), "preload")
-	mc := conf.Default().MySQL
-	mc.DSN = servicetest.MySQLDSN(t)
-	db, err := schema.Open(ctx, mc)
-	servicetest.Must(t, err, "open mysql")
-	t.Cleanup(func() { _ = db.Close() })
-	r := &rig{t: t, rdb: rdb, prefix: prefix, store: reservation.New(rdb, prefix), db: db}
+	sr := saletest.New(t)
+	rdb, prefix := sr.Redis, sr.Prefix
+	r := &rig{t: t, rdb: rdb, prefix: prefix, store: sr.Store, db: sr.DB, sr: sr}
 	r.arc = New(Config{Interval: time.Second, Grace: time.Millisecond, SummaryTTL: time.Hour,
-		QueryTimeout: 5 * time.Second, Instance: "test"}, rdb, r.store, db, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+		QueryTimeout: 5 * time.Second, Instance: "test"}, rdb, r.store, r.db, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	return r
 }
 
@@ -57,13 +50,7 @@ func (r *rig) redisNow() time.Time {
 // ago until end.
 func (r *rig) open(id, stock, limit int64, end time.Time) {
 	r.t.Helper()
-	end = end.UTC().Truncate(time.Millisecond)
-	start := time.Now().UTC().Add(-time.Hour).Truncate(time.Millisecond)
-	_, err := r.db.Exec(`INSERT INTO activities (id, total_stock, stock, sold, per_user_limit, starts_at, ends_at)
-		VALUES (?, ?, ?, 0, ?, ?, ?)`, id, stock, stock, limit, start, end)
-	servicetest.Must(r.t, err, "insert activity")
-	_, _, err = r.store.Warm(context.Background(), id, reservation.WarmArgs{Total: stock, Limit: limit, Start: start, End: end, Users: map[string]int64{}})
-	servicetest.Must(r.t, err, "warm")
+	r.sr.Open(r.t, id, stock, limit, time.Now().Add(-time.Hour), end)
 }
 
 func (r *rig) reserve(id int64, user, key string) reservation.Result {
@@ -78,17 +65,8 @@ func (r *rig) reserve(id int64, user, key string) reservation.Result {
 // then settles it in Redis.
 func (r *rig) confirm(id int64, oid, user, key string) {
 	r.t.Helper()
-	tx, err := r.db.Begin()
-	servicetest.Must(r.t, err, "begin")
-	defer tx.Rollback()
-	_, err = tx.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status, idempotency_key) VALUES (?, ?, ?, 1, 'confirmed', NULLIF(?, ''))`, oid, id, user, key)
-	servicetest.Must(r.t, err, "insert order")
-	_, err = tx.Exec(`INSERT INTO purchases (activity_id, user_id, quantity) VALUES (?, ?, 1) ON DUPLICATE KEY UPDATE quantity = quantity + 1`, id, user)
-	servicetest.Must(r.t, err, "insert purchase")
-	_, err = tx.Exec(`UPDATE activities SET stock = stock - 1, sold = sold + 1 WHERE id = ? AND stock >= 1`, id)
-	servicetest.Must(r.t, err, "update stock")
-	servicetest.Must(r.t, tx.Commit(), "commit")
-	_, err = r.store.Settle(context.Background(), id, []reservation.Settlement{{OrderID: oid, Confirmed: true, Quantity: 1, UserID: user}})
+	r.sr.Commit(r.t, id, oid, user, key, 1)
+	_, err := r.store.Settle(context.Background(), id, []reservation.Settlement{{OrderID: oid, Confirmed: true, Quantity: 1, UserID: user}})
 	servicetest.Must(r.t, err, "settle")
 }
 

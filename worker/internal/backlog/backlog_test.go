@@ -2,16 +2,13 @@ package backlog
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/seckill/seckill/conf"
-	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
 )
@@ -38,37 +35,9 @@ func gather(t *testing.T, c prometheus.Collector) map[string]float64 {
 // Real RabbitMQ and Redis: 3 orders queued, 1 dead letter, 2 of 3
 // reservations past their deadline.
 func TestCollectorReadsQueuesAndOverdueReservations(t *testing.T) {
-	rc := conf.Default().RabbitMQ
-	rc.URL = servicetest.AMQPURL()
-	probe := broker.TopologyFor(rc)
-	trim := func(names []string) []string {
-		out := make([]string, len(names))
-		for i, s := range names {
-			out[i] = strings.TrimPrefix(s, rc.Prefix)
-		}
-		return out
-	}
-	rc.Prefix = servicetest.AMQPPrefix(t, trim(probe.QueueNames()), trim(probe.ExchangeNames()))
-	topo := broker.TopologyFor(rc)
-	conn, err := amqp.Dial(rc.URL)
-	servicetest.Must(t, err, "dial")
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	servicetest.Must(t, err, "channel")
-	servicetest.Must(t, topo.Declare(ch), "declare")
-	servicetest.Must(t, ch.Confirm(false), "confirm")
-	publish := func(exchange, key string, n int) {
-		for range n {
-			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), exchange, key, true, false,
-				amqp.Publishing{Body: []byte(`{}`), DeliveryMode: amqp.Persistent})
-			servicetest.Must(t, err, "publish")
-			if ok, err := dc.WaitContext(context.Background()); !ok || err != nil {
-				t.Fatalf("not confirmed: %v", err)
-			}
-		}
-	}
-	publish(topo.Exchange, topo.RoutingKey, 3)
-	publish("", topo.DeadQueue, 1)
+	rc, topo, ch := brokertest.Declare(t)
+	brokertest.Publish(t, ch, topo.Exchange, topo.RoutingKey, 3)
+	brokertest.Publish(t, ch, "", topo.DeadQueue, 1)
 
 	rdb, prefix := servicetest.Redis(t)
 	store := reservation.New(rdb, prefix)

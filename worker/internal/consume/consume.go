@@ -47,6 +47,10 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Name labels the AMQP connection in the broker's tools.
 	Name string
+	// DeadLetters: also consume the dead-letter queue, deciding each order
+	// in it (see deadLoop). Every worker does; tests of the dead-letter
+	// publish itself leave it off to look into the queue.
+	DeadLetters bool
 }
 
 // ConfigFrom derives the consumer's settings from the configuration file.
@@ -67,6 +71,7 @@ func ConfigFrom(c conf.Config) Config {
 		RedisTimeout:   c.Redis.ReadTimeout.Duration + c.Redis.WriteTimeout.Duration,
 		ShutdownGrace:  c.Worker.ShutdownGrace.Duration,
 		Name:           fmt.Sprintf("seckill-worker %s/%d", host, os.Getpid()),
+		DeadLetters:    true,
 	}
 }
 
@@ -75,6 +80,9 @@ func ConfigFrom(c conf.Config) Config {
 type Reservations interface {
 	Claim(ctx context.Context, activityID int64, orderIDs []string) ([]reservation.State, error)
 	Settle(ctx context.Context, activityID int64, orders []reservation.Settlement) (int64, error)
+	// RestoreKeys and EndRecovery serve the recovery after a Redis loss.
+	RestoreKeys(ctx context.Context, activityID int64, orders []reservation.Decided) error
+	EndRecovery(ctx context.Context, activityID int64, token string) (bool, error)
 }
 
 // Writer is what the consumer needs of MySQL (*store.Store).
@@ -190,7 +198,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		lost()
 		c.setConn(nil)
 	}()
-	ended := make(chan struct{}, c.cfg.Consumers)
+	ended := make(chan struct{}, c.cfg.Consumers+1)
 	for i := range c.cfg.Consumers {
 		ch, err := conn.Channel()
 		if err != nil {
@@ -210,8 +218,28 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 			ended <- struct{}{}
 		}()
 	}
+	if c.cfg.DeadLetters {
+		dch, err := conn.Channel()
+		if err != nil {
+			return false, fmt.Errorf("open dead-letter channel: %w", err)
+		}
+		if err := dch.Qos(deadPrefetch, 0, false); err != nil {
+			return false, fmt.Errorf("qos on the dead-letter channel: %w", err)
+		}
+		dead, err := dch.Consume(c.cfg.Topology.DeadQueue, "", false, false, false, false, nil)
+		if err != nil {
+			return false, fmt.Errorf("consume %s: %w", c.cfg.Topology.DeadQueue, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.deadLoop(sess, proc, dch, dead)
+			ended <- struct{}{}
+		}()
+	}
 	c.setConn(conn)
-	c.log.Info("consuming", "queue", c.cfg.Topology.Queue, "channels", c.cfg.Consumers, "prefetch", c.cfg.Prefetch)
+	c.log.Info("consuming", "queue", c.cfg.Topology.Queue, "channels", c.cfg.Consumers, "prefetch", c.cfg.Prefetch,
+		"dead_letters", c.cfg.DeadLetters)
 
 	select {
 	case <-ctx.Done():
@@ -358,8 +386,20 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 	byID := map[int64]*group{}
 	byTag := make(map[uint64]amqp.Delivery, len(batch))
 	var ackTags []uint64 // decided, to be acked
+	var markers []marker
 	for _, d := range batch {
 		byTag[d.DeliveryTag] = d
+		if d.Type == ordermsg.MarkerType {
+			m, err := ordermsg.DecodeMarker(d.Body)
+			if err != nil {
+				if c.deadLetter(ctx, ch, d, err, dl) {
+					ackTags = append(ackTags, d.DeliveryTag)
+				}
+				continue
+			}
+			markers = append(markers, marker{tag: d.DeliveryTag, m: m})
+			continue
+		}
 		o, err := ordermsg.Decode(d.Body)
 		if err != nil {
 			if c.deadLetter(ctx, ch, d, err, dl) {
@@ -401,14 +441,92 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 			all = false
 			break
 		}
+		if err := c.restoreKeys(ctx, g); err != nil {
+			all = false
+			break
+		}
 		done = append(done, g)
 		ackTags = append(ackTags, g.written()...)
+	}
+	// Markers last: every order this channel received before them is
+	// decided in MySQL now, and its key back in Redis.
+	for _, mk := range markers {
+		if !all || c.endRecovery(ctx, mk.m) != nil {
+			all = false
+			break
+		}
+		ackTags = append(ackTags, mk.tag)
 	}
 	acked := c.ack(ch, ackTags, all)
 	if len(done) > 0 {
 		settles <- done
 	}
 	return all && acked
+}
+
+// marker is a drain marker in a batch.
+type marker struct {
+	tag uint64
+	m   ordermsg.Marker
+}
+
+// restoreKeys binds the idempotency keys of a written group's orders whose
+// records Redis lost (claim "?": queued before a Redis loss) back to them,
+// before they are acked: once the sale's recovery ends (its drain marker
+// comes after them) a keyed retry finds its order in Redis, never buys
+// again. Retried while Redis fails, until ctx ends (then nothing is acked:
+// the redelivery is recognised in MySQL and restores again).
+func (c *Consumer) restoreKeys(ctx context.Context, g *group) error {
+	var lost []reservation.Decided
+	for i, o := range g.orders {
+		if o.Claim != reservation.Unknown || o.IdempotencyKey == "" || g.rejected[i] != nil ||
+			g.outcomes[i].Reason == store.ReasonDuplicateKey {
+			continue // another order of the key is the one MySQL keeps
+		}
+		lost = append(lost, reservation.Decided{OrderID: o.OrderID, UserID: o.UserID, IdempotencyKey: o.IdempotencyKey, Quantity: o.Quantity})
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	return c.redis(ctx, "restore keys", func(rctx context.Context) error {
+		return c.res.RestoreKeys(rctx, g.activityID, lost)
+	})
+}
+
+// endRecovery ends the recovery a drain marker names (a marker of an
+// earlier recovery, or one that ended already, changes nothing).
+func (c *Consumer) endRecovery(ctx context.Context, m ordermsg.Marker) error {
+	return c.redis(ctx, "end recovery", func(rctx context.Context) error {
+		ended, err := c.res.EndRecovery(rctx, m.ActivityID, m.Token)
+		if err == nil && ended {
+			c.log.Info("sale recovered from a Redis loss: the queue delivered every order before its drain marker",
+				"activity", m.ActivityID, "token", m.Token)
+		}
+		return err
+	})
+}
+
+// redis runs one Redis call with RedisTimeout, retrying with back-off while
+// it fails, until ctx ends.
+func (c *Consumer) redis(ctx context.Context, what string, call func(context.Context) error) error {
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
+		err := call(rctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.m.Retries.WithLabelValues(workermetrics.CauseRedis).Inc()
+		d := bo.Next()
+		c.log.Warn(what+" failed; retrying", "in", d, "err", err)
+		if !backoff.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
 }
 
 // ack acks the decided tags: with one multiple ack of the highest when every
@@ -588,6 +706,85 @@ func (c *Consumer) settle(ctx context.Context, g *group) {
 			return
 		}
 	}
+}
+
+// ReasonDeadLettered is the failure reason of an order whose message went to
+// the dead-letter queue (the broker's delivery limit, or a worker that could
+// not process it) before MySQL decided it.
+const ReasonDeadLettered = "dead_lettered"
+
+// deadPrefetch bounds the unacked messages of the dead-letter channel.
+const deadPrefetch = 16
+
+// deadLoop consumes the dead-letter queue: each order in it is decided, so
+// that its unit is not held until queued_expire_after. MySQL arbitrates —
+// the order is stored failed (dead_lettered) unless a row exists (a worker
+// committed it before its message was dead-lettered: the row stands) — and
+// Redis is then settled from MySQL's row. Idempotent on the order id, so a
+// second copy of a message (a worker's dead-letter publish confirmed, its
+// ack of the original lost, the original dead-lettered again) changes
+// nothing. Messages that are no order (poison, a marker) are logged and
+// acked: they hold no unit.
+func (c *Consumer) deadLoop(ctx, proc context.Context, ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
+	defer ch.Close()
+	for {
+		var d amqp.Delivery
+		var ok bool
+		select {
+		case d, ok = <-deliveries:
+			if !ok {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+		if !c.decideDead(proc, d) {
+			return // not decided (shutdown, session lost): redelivered later
+		}
+		if err := ch.Ack(d.DeliveryTag, false); err != nil {
+			c.log.Warn("ack of a dead-lettered message failed; it is decided again (idempotent)", "message_id", d.MessageId, "err", err)
+			return
+		}
+	}
+}
+
+// decideDead decides one dead-lettered message; false when ctx ended first.
+func (c *Consumer) decideDead(ctx context.Context, d amqp.Delivery) bool {
+	reason, _ := d.Headers[broker.DeadReasonHeader].(string)
+	if d.Type == ordermsg.MarkerType {
+		// A backend sends the sale's marker again while it still recovers.
+		c.log.Warn("drain marker dead-lettered; dropped", "message_id", d.MessageId, "reason", reason)
+		return true
+	}
+	o, err := ordermsg.Decode(d.Body)
+	if err != nil {
+		c.log.Error("dead-lettered message is no order; dropped", "message_id", d.MessageId, "reason", reason,
+			"err", err, "body", truncate(string(d.Body), 512))
+		return true
+	}
+	out, err := c.fail(ctx, o, ReasonDeadLettered)
+	switch {
+	case errors.Is(err, errPermanent):
+		// MySQL refuses even the failed row (the worker dead-lettered it
+		// for that and failed it in Redis): Redis alone can release it.
+		out = store.Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity, Reason: ReasonRejected}
+	case err != nil:
+		return false
+	}
+	if !out.Redelivered {
+		c.m.Orders.WithLabelValues(ReasonDeadLettered).Inc()
+	}
+	c.log.Warn("dead-lettered order decided", "order_id", o.OrderID, "confirmed", out.Confirmed, "reason", out.Reason,
+		"dead_letter_reason", reason)
+	c.settle(ctx, &group{activityID: o.ActivityID, outcomes: []store.Outcome{out}})
+	return ctx.Err() == nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 // deadLetter sends a delivery that can never be processed to the dead-letter

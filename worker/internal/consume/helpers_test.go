@@ -21,6 +21,7 @@ import (
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
@@ -45,7 +46,7 @@ func newStack(t testing.TB) *stack {
 	rdb, prefix := servicetest.Redis(t)
 	s := &stack{t: t, res: reservation.New(rdb, prefix), dsn: servicetest.MySQLDSN(t)}
 	s.db = s.openDB(s.dsn)
-	p := servicetest.AMQPPrefix(t, []string{".orders", ".orders.dead"}, []string{".orders", ".orders.dlx"})
+	p := brokertest.Prefix(t)
 	s.topo = broker.TopologyFor(conf.RabbitMQ{Prefix: p, DeliveryLimit: 5})
 	conn, err := amqp.Dial(servicetest.AMQPURL())
 	servicetest.Must(t, err, "dial publisher")

@@ -66,15 +66,15 @@ type Reconciler struct {
 	log     *slog.Logger
 	m       *Metrics
 	timeout time.Duration
-	// recovery is how long a rebuilt sale answers "unsure" to keys Redis
-	// does not know (SetRecoveryWindow).
+	// recovery bounds the recovery of a rebuilt sale (SetRecoveryWindow).
 	recovery time.Duration
 }
 
-// SetRecoveryWindow sets how long a sale rebuilt after a Redis loss answers
-// 503 to idempotency keys Redis does not know and MySQL does not hold yet:
-// long enough for every order published before the loss to reach MySQL
-// (reservation TTL plus the sweeper's grace).
+// SetRecoveryWindow sets the longest recovery of a sale rebuilt after a
+// Redis loss (reservation TTL plus queued_expire_after: past it the sweeper
+// takes an order queued before the loss as gone). The recovery ends
+// earlier, when a worker takes the sale's drain marker; a backend sends it
+// on the first purchase that meets the recovery.
 func (c *Reconciler) SetRecoveryWindow(d time.Duration) { c.recovery = d }
 
 // New returns a reconciler; m may be nil.
@@ -281,8 +281,8 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 		return err
 	}
 	// Before the sale exists again: decided orders get their records and
-	// keys back, and unknown keys answer "unsure" for the recovery window.
-	if err := salesdb.Restore(ctx, c.db, c.store, id, ms.total, c.recovery); err != nil {
+	// keys back, and the sale recovers until its drain marker is taken.
+	if _, err := salesdb.Restore(ctx, c.db, c.store, id, ms.total, c.recovery); err != nil {
 		return err
 	}
 	out, _, err := c.store.Warm(ctx, id, reservation.WarmArgs{

@@ -11,18 +11,17 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
-	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/saletest"
 	"github.com/seckill/seckill/internal/servicetest"
-	"github.com/seckill/seckill/lua"
 )
 
 type rig struct {
 	rdb   *redis.Client
 	store *reservation.Store
 	db    *sql.DB
+	sr    *saletest.Rig
 	rec   *Reconciler
 }
 
@@ -34,23 +33,12 @@ const act = 42
 func newRig(t *testing.T) (*rig, map[string]string) {
 	t.Helper()
 	ctx := context.Background()
-	rdb, prefix := servicetest.Redis(t)
-	servicetest.Must(t, lua.Preload(ctx, rdb), "preload")
-	mc := conf.Default().MySQL
-	mc.DSN = servicetest.MySQLDSN(t)
-	db, err := schema.Open(ctx, mc)
-	servicetest.Must(t, err, "open mysql")
-	t.Cleanup(func() { _ = db.Close() })
-	store := reservation.New(rdb, prefix)
-	r := &rig{rdb: rdb, store: store, db: db,
+	sr := saletest.New(t)
+	rdb, db, store := sr.Redis, sr.DB, sr.Store
+	r := &rig{rdb: rdb, store: store, db: db, sr: sr,
 		rec: New(db, store, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, 5*time.Second)}
-	now := time.Now().UTC().Truncate(time.Millisecond)
-	start, end := now.Add(-time.Hour), now.Add(time.Hour)
-	_, err = db.Exec(`INSERT INTO activities (id, total_stock, stock, sold, per_user_limit, starts_at, ends_at)
-		VALUES (?, 10, 10, 0, 3, ?, ?)`, act, start, end)
-	servicetest.Must(t, err, "insert activity")
-	_, _, err = store.Warm(ctx, act, reservation.WarmArgs{Total: 10, Limit: 3, Start: start, End: end, Users: map[string]int64{}})
-	servicetest.Must(t, err, "warm")
+	now := time.Now()
+	sr.Open(t, act, 10, 3, now.Add(-time.Hour), now.Add(time.Hour))
 	ids := map[string]string{}
 	for _, u := range []struct {
 		user string
@@ -65,7 +53,7 @@ func newRig(t *testing.T) (*rig, map[string]string) {
 		ids[u.user] = oid
 	}
 	r.commit(t, ids["alice"], "alice", 2)
-	_, err = store.Settle(ctx, act, []reservation.Settlement{{OrderID: ids["alice"], Confirmed: true, Quantity: 2, UserID: "alice"}})
+	_, err := store.Settle(ctx, act, []reservation.Settlement{{OrderID: ids["alice"], Confirmed: true, Quantity: 2, UserID: "alice"}})
 	servicetest.Must(t, err, "settle")
 	r.commit(t, ids["bob"], "bob", 1)
 	return r, ids
@@ -74,16 +62,7 @@ func newRig(t *testing.T) (*rig, map[string]string) {
 // commit writes what a worker's transaction writes for one confirmed order.
 func (r *rig) commit(t *testing.T, oid, user string, qty int64) {
 	t.Helper()
-	tx, err := r.db.Begin()
-	servicetest.Must(t, err, "begin")
-	defer tx.Rollback()
-	_, err = tx.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES (?, ?, ?, ?, 'confirmed')`, oid, act, user, qty)
-	servicetest.Must(t, err, "insert order")
-	_, err = tx.Exec(`INSERT INTO purchases (activity_id, user_id, quantity) VALUES (?, ?, ?)`, act, user, qty)
-	servicetest.Must(t, err, "insert purchase")
-	_, err = tx.Exec(`UPDATE activities SET stock = stock - ?, sold = sold + ? WHERE id = ? AND stock >= ?`, qty, qty, act, qty)
-	servicetest.Must(t, err, "update stock")
-	servicetest.Must(t, tx.Commit(), "commit")
+	r.sr.Commit(t, act, oid, user, "", qty)
 }
 
 func (r *rig) sale(t *testing.T) reservation.Sale {

@@ -260,6 +260,8 @@ func transientCause(err error) (string, bool) {
 // with check.
 // With keys it also looks up the idempotency keys MySQL already holds for
 // other orders, and fails the batch's orders that repeat one.
+// The steps run in this order because of the locks they take: the orders'
+// rows first, the buyers' rows in user-id order, the hot activity row last.
 func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, soldOut, check, keys bool) (res []Outcome, guardFailed bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -274,56 +276,110 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 		}
 	}()
 
-	// 1. Redeliveries: the order is in MySQL already; report what it holds.
+	res, fresh, err := redeliveries(ctx, tx, orders, check)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(fresh) > 0 {
+		guardFailed, err = writeFresh(ctx, tx, activityID, orders, fresh, res, soldOut, keys)
+		if err != nil || guardFailed {
+			return nil, guardFailed, err // deferred rollback
+		}
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		return nil, false, fmt.Errorf("commit: %w", err)
+	}
+	return res, false, nil
+}
+
+// writeFresh decides and writes the orders MySQL does not hold yet (fresh
+// indexes orders; their outcomes go to res). guardFailed reports that the
+// stock guard refused the batch's units: the caller rolls back.
+func writeFresh(ctx context.Context, tx *sql.Tx, activityID int64, orders []Order, fresh []int, res []Outcome, soldOut, keys bool) (guardFailed bool, err error) {
+	sale, err := readSale(ctx, tx, activityID)
+	if err != nil {
+		return false, err
+	}
+	taken := map[string]bool{}
+	if keys {
+		if taken, err = takenKeys(ctx, tx, activityID, orders, fresh); err != nil {
+			return false, err
+		}
+	}
+	candidates := classify(orders, fresh, res, sale, taken, soldOut)
+	var b buyers
+	var units int64
+	if len(candidates) > 0 {
+		if b, err = lockBuyers(ctx, tx, activityID, orders, candidates); err != nil {
+			return false, err
+		}
+		units = b.admit(orders, candidates, sale.limit, res)
+	}
+	if err := insertOrders(ctx, tx, activityID, orders, fresh, res); err != nil {
+		return false, err
+	}
+	if units == 0 {
+		return false, nil
+	}
+	if err := b.write(ctx, tx, activityID); err != nil {
+		return false, err
+	}
+	return takeStock(ctx, tx, activityID, units)
+}
+
+// redeliveries is step 1: the orders MySQL holds already get their stored
+// outcome in res; fresh lists the indexes of the others. Without check every
+// order is fresh.
+func redeliveries(ctx context.Context, tx *sql.Tx, orders []Order, check bool) (res []Outcome, fresh []int, err error) {
 	res = make([]Outcome, len(orders))
-	fresh := make([]int, 0, len(orders)) // indexes into orders of orders to insert
-	if check {
-		stored, err := storedOrders(ctx, tx, orders)
-		if err != nil {
-			return nil, false, err
-		}
-		for i, o := range orders {
-			if st, ok := stored[o.OrderID]; ok {
-				res[i] = st
-			} else {
-				fresh = append(fresh, i)
-			}
-		}
-	} else {
+	fresh = make([]int, 0, len(orders))
+	if !check {
 		for i := range orders {
 			fresh = append(fresh, i)
 		}
+		return res, fresh, nil
 	}
-	if len(fresh) == 0 {
-		committed = true
-		if err := tx.Commit(); err != nil {
-			return nil, false, fmt.Errorf("commit: %w", err)
+	stored, err := storedOrders(ctx, tx, orders)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, o := range orders {
+		if st, ok := stored[o.OrderID]; ok {
+			res[i] = st
+		} else {
+			fresh = append(fresh, i)
 		}
-		return res, false, nil
 	}
+	return res, fresh, nil
+}
 
-	// 2. The sale and its per-user limit (a plain read: the hot row is locked last).
-	var limit int64
-	found, archived := true, false
-	err = tx.QueryRowContext(ctx, "SELECT per_user_limit, archived_at IS NOT NULL FROM activities WHERE id = ?", activityID).Scan(&limit, &archived)
+// saleRow is what a batch needs of its activity's row.
+type saleRow struct {
+	found, archived bool
+	limit           int64
+}
+
+// readSale is step 2: the sale and its per-user limit (a plain read: the hot
+// row is locked last, by takeStock).
+func readSale(ctx context.Context, tx *sql.Tx, activityID int64) (saleRow, error) {
+	sale := saleRow{found: true}
+	err := tx.QueryRowContext(ctx, "SELECT per_user_limit, archived_at IS NOT NULL FROM activities WHERE id = ?", activityID).Scan(&sale.limit, &sale.archived)
 	if errors.Is(err, sql.ErrNoRows) {
-		found = false
+		return saleRow{}, nil
 	} else if err != nil {
-		return nil, false, fmt.Errorf("select activity: %w", err)
+		return saleRow{}, fmt.Errorf("select activity: %w", err)
 	}
+	return sale, nil
+}
 
-	// 3. Released, unknown-activity and duplicate-key orders fail; the rest
-	// are candidates. A released order's key was given back to its client
-	// with the 503, so it is stored without it.
-	var taken map[string]bool
-	if keys {
-		if taken, err = takenKeys(ctx, tx, activityID, orders, fresh); err != nil {
-			return nil, false, err
-		}
-	} else {
-		taken = map[string]bool{}
-	}
-	var candidates []int
+// classify is step 3: released, unknown-activity and duplicate-key orders
+// fail (with soldOut, every other order too); the rest are returned as
+// candidates. A released order's key was given back to its client with the
+// 503, so it is stored without it. taken holds "user\x00key" of the keys
+// MySQL holds; classify adds the batch's own, so a second order of a key in
+// the batch fails.
+func classify(orders []Order, fresh []int, res []Outcome, sale saleRow, taken map[string]bool, soldOut bool) (candidates []int) {
 	for _, i := range fresh {
 		o := orders[i]
 		res[i] = Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity}
@@ -337,12 +393,12 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 			res[i].Reason = ReasonReleased
 		case dupKey:
 			res[i].Reason = ReasonDuplicateKey
-		case archived && o.Claim == reservation.Unknown:
+		case sale.archived && o.Claim == reservation.Unknown:
 			// The sale was archived with nothing pending: every order not in
 			// MySQL by then had been released, and its record went with the
 			// archive.
 			res[i].Reason = ReasonReleased
-		case !found:
+		case !sale.found:
 			res[i].Reason = ReasonActivityNotFound
 		case soldOut:
 			res[i].Reason = ReasonSoldOut
@@ -350,59 +406,75 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 			candidates = append(candidates, i)
 		}
 	}
+	return candidates
+}
 
-	// 4. Per-user totals, locked in user-id order. Rows that exist are
-	// X-locked by the read; a missing row cannot be locked under READ
-	// COMMITTED, so new buyers are added with a plain INSERT (step 6): a
-	// concurrent batch that added the same user first makes it fail with a
-	// duplicate key, and the whole attempt is rolled back and repeated.
-	var units int64
-	var users []string
-	added := map[string]int64{}
-	held := map[string]int64{}
-	if len(candidates) > 0 {
-		for _, i := range candidates {
-			if _, ok := added[orders[i].UserID]; !ok {
-				added[orders[i].UserID] = 0
-				users = append(users, orders[i].UserID)
-			}
-		}
-		slices.Sort(users)
-		uargs := make([]any, 0, 1+len(users))
-		uargs = append(uargs, activityID)
-		for _, u := range users {
-			uargs = append(uargs, u)
-		}
-		rows, err := tx.QueryContext(ctx, "SELECT user_id, quantity FROM purchases WHERE activity_id = ? AND user_id IN ("+
-			marks(len(users))+") ORDER BY user_id FOR UPDATE", uargs...)
-		if err != nil {
-			return nil, false, fmt.Errorf("select purchases: %w", err)
-		}
-		for rows.Next() {
-			var u string
-			var q int64
-			if err := rows.Scan(&u, &q); err != nil {
-				rows.Close()
-				return nil, false, fmt.Errorf("scan purchases: %w", err)
-			}
-			held[u] = q
-		}
-		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-			return nil, false, fmt.Errorf("select purchases: %w", err)
-		}
-		for _, i := range candidates {
-			o := orders[i]
-			if held[o.UserID]+added[o.UserID]+o.Quantity > limit {
-				res[i].Reason = ReasonLimitExceeded
-				continue
-			}
-			added[o.UserID] += o.Quantity
-			units += o.Quantity
-			res[i].Confirmed = true
+// buyers are the per-user totals of one attempt's candidates.
+type buyers struct {
+	users []string         // sorted: the lock order
+	held  map[string]int64 // purchases' rows, X-locked; a user without a row is absent
+	added map[string]int64 // units this batch confirms
+}
+
+// lockBuyers is step 4's read: the candidates' per-user totals, locked in
+// user-id order. Rows that exist are X-locked by the read; a missing row
+// cannot be locked under READ COMMITTED, so new buyers are added with a plain
+// INSERT (buyers.write): a concurrent batch that added the same user first
+// makes it fail with a duplicate key, and the whole attempt is rolled back and
+// repeated.
+func lockBuyers(ctx context.Context, tx *sql.Tx, activityID int64, orders []Order, candidates []int) (buyers, error) {
+	b := buyers{held: map[string]int64{}, added: map[string]int64{}}
+	for _, i := range candidates {
+		if _, ok := b.added[orders[i].UserID]; !ok {
+			b.added[orders[i].UserID] = 0
+			b.users = append(b.users, orders[i].UserID)
 		}
 	}
+	slices.Sort(b.users)
+	uargs := make([]any, 0, 1+len(b.users))
+	uargs = append(uargs, activityID)
+	for _, u := range b.users {
+		uargs = append(uargs, u)
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT user_id, quantity FROM purchases WHERE activity_id = ? AND user_id IN ("+
+		marks(len(b.users))+") ORDER BY user_id FOR UPDATE", uargs...)
+	if err != nil {
+		return buyers{}, fmt.Errorf("select purchases: %w", err)
+	}
+	for rows.Next() {
+		var u string
+		var q int64
+		if err := rows.Scan(&u, &q); err != nil {
+			rows.Close()
+			return buyers{}, fmt.Errorf("scan purchases: %w", err)
+		}
+		b.held[u] = q
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return buyers{}, fmt.Errorf("select purchases: %w", err)
+	}
+	return b, nil
+}
 
-	// 5. Every fresh order, in one statement.
+// admit is step 4's decision: in batch order, a candidate within its user's
+// limit is confirmed, the others fail with limit_exceeded (I2). It returns the
+// units confirmed.
+func (b buyers) admit(orders []Order, candidates []int, limit int64, res []Outcome) (units int64) {
+	for _, i := range candidates {
+		o := orders[i]
+		if b.held[o.UserID]+b.added[o.UserID]+o.Quantity > limit {
+			res[i].Reason = ReasonLimitExceeded
+			continue
+		}
+		b.added[o.UserID] += o.Quantity
+		units += o.Quantity
+		res[i].Confirmed = true
+	}
+	return units
+}
+
+// insertOrders is step 5: every fresh order, in one statement.
+func insertOrders(ctx context.Context, tx *sql.Tx, activityID int64, orders []Order, fresh []int, res []Outcome) error {
 	args := make([]any, 0, 8*len(fresh))
 	for _, i := range fresh {
 		o, r := orders[i], res[i]
@@ -422,54 +494,52 @@ func (s *Store) attempt(ctx context.Context, activityID int64, orders []Order, s
 	}
 	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (order_id, activity_id, user_id, quantity, status, reason, idempotency_key, reserved_at) VALUES "+
 		tuples(len(fresh), "(?, ?, ?, ?, ?, ?, ?, ?)"), args...); err != nil {
-		return nil, false, fmt.Errorf("insert orders: %w", err)
+		return fmt.Errorf("insert orders: %w", err)
 	}
+	return nil
+}
 
-	if units > 0 {
-		// 6. The buyers' new totals: an update of the rows locked in step 4,
-		// a plain insert of new buyers (purchases holds buyers only).
-		var upd, ins []any
-		for _, u := range users {
-			if n := added[u]; n > 0 {
-				if _, ok := held[u]; ok {
-					upd = append(upd, activityID, u, n)
-				} else {
-					ins = append(ins, activityID, u, n)
-				}
+// write is step 6: the buyers' new totals: an update of the rows lockBuyers
+// locked, a plain insert of new buyers (purchases holds buyers only).
+func (b buyers) write(ctx context.Context, tx *sql.Tx, activityID int64) error {
+	var upd, ins []any
+	for _, u := range b.users {
+		if n := b.added[u]; n > 0 {
+			if _, ok := b.held[u]; ok {
+				upd = append(upd, activityID, u, n)
+			} else {
+				ins = append(ins, activityID, u, n)
 			}
 		}
-		if len(ins) > 0 {
-			if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
-				tuples(len(ins)/3, "(?, ?, ?)"), ins...); err != nil {
-				return nil, false, fmt.Errorf("insert purchases: %w", err)
-			}
+	}
+	if len(ins) > 0 {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
+			tuples(len(ins)/3, "(?, ?, ?)"), ins...); err != nil {
+			return fmt.Errorf("insert purchases: %w", err)
 		}
-		if len(upd) > 0 {
-			if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
-				tuples(len(upd)/3, "(?, ?, ?)")+" ON DUPLICATE KEY UPDATE quantity = quantity + VALUES(quantity)", upd...); err != nil {
-				return nil, false, fmt.Errorf("update purchases: %w", err)
-			}
+	}
+	if len(upd) > 0 {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES "+
+			tuples(len(upd)/3, "(?, ?, ?)")+" ON DUPLICATE KEY UPDATE quantity = quantity + VALUES(quantity)", upd...); err != nil {
+			return fmt.Errorf("update purchases: %w", err)
 		}
+	}
+	return nil
+}
 
-		// 7. Last: the guard against oversell, on the hot row.
-		r, err := tx.ExecContext(ctx, "UPDATE activities SET stock = stock - ?, sold = sold + ? WHERE id = ? AND stock >= ?",
-			units, units, activityID, units)
-		if err != nil {
-			return nil, false, fmt.Errorf("update stock: %w", err)
-		}
-		n, err := r.RowsAffected()
-		if err != nil {
-			return nil, false, fmt.Errorf("update stock: %w", err)
-		}
-		if n == 0 {
-			return nil, true, nil // deferred rollback
-		}
+// takeStock is step 7, last: the guard against oversell (I1), on the hot row.
+// guardFailed reports that fewer than units were left.
+func takeStock(ctx context.Context, tx *sql.Tx, activityID, units int64) (guardFailed bool, err error) {
+	r, err := tx.ExecContext(ctx, "UPDATE activities SET stock = stock - ?, sold = sold + ? WHERE id = ? AND stock >= ?",
+		units, units, activityID, units)
+	if err != nil {
+		return false, fmt.Errorf("update stock: %w", err)
 	}
-	committed = true
-	if err := tx.Commit(); err != nil {
-		return nil, false, fmt.Errorf("commit: %w", err)
+	n, err := r.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("update stock: %w", err)
 	}
-	return res, false, nil
+	return n == 0, nil
 }
 
 // Fail records one order as failed with reason, in columns that hold

@@ -13,10 +13,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
-	"github.com/seckill/seckill/internal/schema"
+	"github.com/seckill/seckill/internal/saletest"
 	"github.com/seckill/seckill/internal/servicetest"
 	"github.com/seckill/seckill/lua"
 )
@@ -25,19 +24,13 @@ type rig struct {
 	rdb   *redis.Client
 	store *reservation.Store
 	db    *sql.DB
+	sr    *saletest.Rig
 }
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	ctx := context.Background()
-	rdb, prefix := servicetest.Redis(t)
-	servicetest.Must(t, lua.Preload(ctx, rdb), "preload")
-	mc := conf.Default().MySQL
-	mc.DSN = servicetest.MySQLDSN(t)
-	db, err := schema.Open(ctx, mc)
-	servicetest.Must(t, err, "open mysql")
-	t.Cleanup(func() { _ = db.Close() })
-	return &rig{rdb: rdb, store: reservation.New(rdb, prefix), db: db}
+	sr := saletest.New(t)
+	return &rig{rdb: sr.Redis, store: sr.Store, db: sr.DB, sr: sr}
 }
 
 func (r *rig) sweeper(grace time.Duration) *Sweeper {
@@ -65,15 +58,7 @@ func (r *rig) reserveKey(t testing.TB, act int64, user, key string, qty int64) s
 func (r *rig) sale(t testing.TB, act, stock, limit int64) {
 	t.Helper()
 	now := time.Now()
-	_, err := r.db.Exec(`INSERT INTO activities (id, total_stock, stock, sold, per_user_limit, starts_at, ends_at)
-		VALUES (?, ?, ?, 0, ?, ?, ?)`, act, stock, stock, limit, now.Add(-time.Hour), now.Add(time.Hour))
-	servicetest.Must(t, err, "insert activity")
-	out, _, err := r.store.Warm(context.Background(), act, reservation.WarmArgs{Total: stock, Limit: limit,
-		Start: now.Add(-time.Hour), End: now.Add(time.Hour), Users: map[string]int64{}})
-	servicetest.Must(t, err, "warm")
-	if out != reservation.WarmCreated {
-		t.Fatalf("warm: %v", out)
-	}
+	r.sr.Open(t, act, stock, limit, now.Add(-time.Hour), now.Add(time.Hour))
 }
 
 func (r *rig) overdueAll(t testing.TB, act int64, ids ...string) {

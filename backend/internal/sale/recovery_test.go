@@ -1,0 +1,131 @@
+package sale_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/seckill/seckill/backend/internal/sale"
+	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+// The recovery after a Redis loss lasts until the queue has delivered what
+// was queued before the loss, not for a timer: with the workers away far
+// longer than reservation_ttl (the old window, reservation_ttl +
+// republish_after, is 200 ms here), a keyed retry of the order still in the
+// queue gets 503 — never a second order id — and nothing new is reserved,
+// since Redis does not count that order's unit. The rebuild's drain marker
+// is behind the order in the queue; the worker that takes it (here: the
+// test, as worker/internal/consume does) writes the order first, binds its
+// key back, then ends the recovery: the retry gets the order, sales go on.
+func TestRecoveryLastsUntilTheQueueDrained(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, func(c *sale.Config) { c.ReservationTTL = 200 * time.Millisecond })
+	ctx := context.Background()
+	queued, err := r.purchase("lossy", "k")
+	if err != nil || queued.Outcome != sale.Accepted {
+		t.Fatalf("first purchase: %+v %v", queued, err)
+	}
+	keys, err := r.direct.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(ctx, keys...).Err(), "lose the sale")
+
+	res, err := r.purchase("other", "") // rebuilds the sale, marks it recovering, sends the marker
+	mustUnavailable(t, res, err)
+	time.Sleep(10 * 200 * time.Millisecond) // the workers stay away, ten times the old window
+	res, err = r.purchase("lossy", "k")
+	mustUnavailable(t, res, err)
+	res, err = r.purchase("fresh", "")
+	mustUnavailable(t, res, err)
+	if s := r.sale(t); s.Pending != 0 || s.Sold != 0 {
+		t.Fatalf("recovering sale %+v: something was reserved", s)
+	}
+
+	// The queue holds the order, then the marker of this recovery.
+	token, err := r.direct.Recovery(ctx, act)
+	if err != nil || token == "" {
+		t.Fatalf("recovery token %q %v", token, err)
+	}
+	ac, err := amqp.Dial(servicetest.AMQPURL())
+	servicetest.Must(t, err, "dial")
+	t.Cleanup(func() { _ = ac.Close() })
+	conn, err := ac.Channel()
+	servicetest.Must(t, err, "channel")
+	first, ok, err := conn.Get(r.topo.Queue, false)
+	servicetest.Must(t, err, "get")
+	if !ok || first.Type != "" || first.MessageId != queued.OrderID {
+		t.Fatalf("first message %q type %q, want the queued order %s", first.MessageId, first.Type, queued.OrderID)
+	}
+	second, ok, err := conn.Get(r.topo.Queue, false)
+	servicetest.Must(t, err, "get")
+	if !ok || second.Type != ordermsg.MarkerType {
+		t.Fatalf("second message %q type %q, want the drain marker", second.MessageId, second.Type)
+	}
+	m, err := ordermsg.DecodeMarker(second.Body)
+	if err != nil || m.ActivityID != act || m.Token != token {
+		t.Fatalf("marker %+v %v, want activity %d token %s", m, err, act, token)
+	}
+
+	// The worker's part, in its order: the order, its key, then the marker.
+	o, err := ordermsg.Decode(first.Body)
+	servicetest.Must(t, err, "decode order")
+	_, err = r.db.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status, idempotency_key) VALUES (?, ?, ?, 1, 'confirmed', 'k')`, o.OrderID, act, o.UserID)
+	servicetest.Must(t, err, "write the order")
+	_, err = r.db.Exec(`UPDATE activities SET stock = stock - 1, sold = sold + 1 WHERE id = ?`, act)
+	servicetest.Must(t, err, "sell")
+	n, err := r.direct.Settle(ctx, act, []reservation.Settlement{{OrderID: o.OrderID, Confirmed: true, Quantity: 1, UserID: o.UserID}})
+	if err != nil || n != 1 {
+		t.Fatalf("settle: %d %v", n, err)
+	}
+	servicetest.Must(t, r.direct.RestoreKeys(ctx, act, []reservation.Decided{{OrderID: o.OrderID, UserID: o.UserID, IdempotencyKey: "k", Quantity: 1}}), "restore key")
+	if ended, err := r.direct.EndRecovery(ctx, act, m.Token); err != nil || !ended {
+		t.Fatalf("end recovery: %v %v", ended, err)
+	}
+
+	res, err = r.purchase("lossy", "k")
+	if err != nil || !res.Replay || res.OrderID != queued.OrderID {
+		t.Errorf("keyed retry after the drain: %+v %v, want order %s", res, err, queued.OrderID)
+	}
+	res, err = r.purchase("fresh", "")
+	if err != nil || res.Outcome != sale.Accepted {
+		t.Errorf("unkeyed purchase after the drain: %+v %v", res, err)
+	}
+	if s := r.sale(t); s.Sold != 1 || s.Pending != 1 {
+		t.Errorf("sale after the drain %+v, want sold 1 (the queued order) and pending 1", s)
+	}
+}
+
+// An admin change that finds the sale lost by Redis builds it like a
+// rebuild does: recovering, with its drain marker sent. A retry of the key
+// of an order still in the queue gets 503, never a second order id, and
+// nothing new is reserved until the marker passes.
+func TestAdminChangeAfterRedisLossRecovers(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	ctx := context.Background()
+	queued, err := r.purchase("lossy", "k")
+	if err != nil || queued.Outcome != sale.Accepted {
+		t.Fatalf("first purchase: %+v %v", queued, err)
+	}
+	keys, err := r.direct.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(ctx, keys...).Err(), "lose the sale")
+	_, _, err = r.svc.PutActivity(ctx, act, sale.Spec{Stock: 20, PerUserLimit: 2,
+		StartsAt: time.Now().Add(-time.Hour), EndsAt: time.Now().Add(time.Hour)})
+	servicetest.Must(t, err, "raise the stock")
+	res, err := r.purchase("lossy", "k")
+	mustUnavailable(t, res, err)
+	res, err = r.purchase("fresh", "")
+	mustUnavailable(t, res, err)
+	token, err := r.direct.Recovery(ctx, act)
+	if err != nil || token == "" {
+		t.Fatalf("recovery token %q %v after the admin change rebuilt the lost sale", token, err)
+	}
+	if s := r.sale(t); s.Total != 20 || s.Pending != 0 {
+		t.Errorf("rebuilt sale %+v", s)
+	}
+}
