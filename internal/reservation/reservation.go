@@ -285,6 +285,15 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	var n int64
 	if c, ok := s.buckets.Load(r.ActivityID); ok {
 		n = c.(int64)
+	} else {
+		// First use in this process: read the count rather than guess, so
+		// that the reserve sent is the one that runs (a late copy of a
+		// guessed one would only be answered "buckets").
+		var err error
+		if n, err = s.Buckets(ctx, r.ActivityID); err != nil {
+			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+		}
+		s.buckets.Store(r.ActivityID, n)
 	}
 	var v []any
 	for try := 0; ; try++ {
