@@ -5,6 +5,9 @@
 #   make lint       gofmt, go mod tidy -diff, go vet, staticcheck
 #   make services   start Redis, MariaDB, RabbitMQ if they are not running
 #   make toolchain  install a C compiler for -race when cgo is off (root, Debian)
+#   make cluster    start a local Redis Cluster (3 masters + 3 replicas), print its URL
+#   make sentinel   start 1 master + 1 replica + 3 Sentinels, print the URL
+#   make cluster-stop / sentinel-stop   end them
 #   make clean      remove bin/
 #
 # Other targets (bench-proxy, demo, bench, chaos, fuzz) live in proxy/proxy.mk,
@@ -30,7 +33,7 @@ ifdef CI
 export CI
 endif
 
-.PHONY: build test vet lint services toolchain clean
+.PHONY: build test vet lint services toolchain clean cluster cluster-stop sentinel sentinel-stop test-engines
 
 # Build each binary whose directory already holds a main package, so the target
 # works while some of them are still being written.
@@ -58,6 +61,38 @@ vet:
 test: toolchain services
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $(TESTFLAGS) $(PKGS)
+	@$(MAKE) --no-print-directory test-engines
+
+# Local Redis engines (scripts/redis-engines.sh): idempotent; ENGINE_DIR and
+# ENGINE_PORT choose the state directory and the first port.
+cluster:
+	@scripts/redis-engines.sh cluster start
+cluster-stop:
+	@scripts/redis-engines.sh cluster stop
+sentinel:
+	@scripts/redis-engines.sh sentinel start
+sentinel-stop:
+	@scripts/redis-engines.sh sentinel stop
+
+# The short form of the engine tests: the reservation scripts, the limiter,
+# the script loader and one end-to-end sale on the local Redis Cluster (and
+# the engines' own start tests). Under CI a cluster that cannot start fails.
+# A cluster this target started is stopped again; one already running (make
+# cluster) is left running.
+ENGINE_TESTS ?= ./internal/reservation ./proxy/internal/limiter ./lua
+ENGINE_E2E   ?= TestPurchaseInvariantsUnderConcurrency|TestProxyKeyedReplayAfterSoldOut
+test-engines:
+	@was=; scripts/redis-engines.sh cluster url >/dev/null 2>&1 && was=1; \
+	if ! url=$$(scripts/redis-engines.sh cluster start | tail -1); then \
+		if [ -n "$${CI:-}" ]; then echo "test-engines: the Redis Cluster did not start (CI requires it)"; exit 1; fi; \
+		echo "test-engines: skipped, the Redis Cluster did not start"; exit 0; fi; \
+	echo "test-engines: on $$url"; \
+	rc=0; \
+	SECKILL_TEST_REDIS_URL=$$url SECKILL_TEST_REDIS_CLUSTER_URL=$$url \
+		$(GO) test -race -count=1 $(TESTFLAGS) $(ENGINE_TESTS) ./internal/servicetest && \
+	SECKILL_TEST_REDIS_URL=$$url $(GO) test -race -count=1 $(TESTFLAGS) -run '$(ENGINE_E2E)' ./e2e || rc=$$?; \
+	[ -n "$$was" ] || scripts/redis-engines.sh cluster stop; \
+	exit $$rc
 
 lint:
 	@out=$$(gofmt -l .); \

@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/seckill/seckill/backend/internal/api"
 	"github.com/seckill/seckill/backend/internal/sale"
 	"github.com/seckill/seckill/conf"
@@ -73,7 +71,7 @@ func run(ctx context.Context, args []string) error {
 	defer stopPprof()
 
 	// Clients.
-	rdb := redis.NewClient(cfg.Redis.Options())
+	rdb := cfg.Redis.NewClient()
 	defer rdb.Close()
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

@@ -10,9 +10,10 @@
 .PHONY: demo bench bench-deps bench-read
 
 QUICK ?=
+REDIS ?=
 
 demo:
-	QUICK=$(QUICK) scripts/demo.sh
+	QUICK=$(QUICK) REDIS=$(REDIS) scripts/demo.sh
 
 bench: build services
 	bench/bench.sh

@@ -140,7 +140,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	snap := rec.Snapshot()
 	drainer := &verify.Drainer{DB: db, Redis: rdb, Prefix: cfg.Redis.KeyPrefix, AMQPURL: cfg.RabbitMQ.URL,
-		Queue: topo.Queue, DeadQueue: topo.DeadQueue, Rabbitmqctl: o.rabbitmqctl, Accepted: acceptedIDs(snap.Accepted)}
+		Queue: topo.Queue, Partitions: topo.OrderQueues()[1:], DeadQueue: topo.DeadQueue, Rabbitmqctl: o.rabbitmqctl, Accepted: acceptedIDs(snap.Accepted)}
 	dprog := newProgress(stderr, o.quiet, nil, tl)
 	dres, err := drainer.Wait(ctx, b.ActivityID, b.DrainTimeout.Duration, dprog.drainTick)
 	dprog.done()
@@ -215,7 +215,7 @@ func acceptedIDs(acc []verify.Accepted) []string {
 	return ids
 }
 
-func openStores(ctx context.Context, cfg conf.Config) (*sql.DB, *redis.Client, error) {
+func openStores(ctx context.Context, cfg conf.Config) (*sql.DB, redis.UniversalClient, error) {
 	dc, err := cfg.MySQL.Driver()
 	if err != nil {
 		return nil, nil, fmt.Errorf("mysql dsn: %w", err)
@@ -232,13 +232,13 @@ func openStores(ctx context.Context, cfg conf.Config) (*sql.DB, *redis.Client, e
 		_ = db.Close()
 		return nil, nil, fmt.Errorf("mysql %s@%s/%s: %w", dc.User, dc.Addr, dc.DBName, err)
 	}
-	opt := cfg.Redis.Options()
-	opt.PoolSize = 4
-	rdb := redis.NewClient(opt)
+	rc := cfg.Redis
+	rc.PoolSize = 4
+	rdb := rc.NewClient()
 	if err := rdb.Ping(cctx).Err(); err != nil {
 		_ = db.Close()
 		_ = rdb.Close()
-		return nil, nil, fmt.Errorf("redis %s: %w", opt.Addr, err)
+		return nil, nil, fmt.Errorf("redis %s: %w", rc.Target(), err)
 	}
 	return db, rdb, nil
 }

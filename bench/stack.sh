@@ -92,12 +92,18 @@ stack_pid_of() {
 
 # stack_ready NAME URL — 0 when URL answers 200; 3 when the process exited
 # because its port was taken (retry with another); else dies with its log.
+# URL is asked only once the process logged that it bound URL's address
+# (each binary logs its listeners' addresses): until then a 200 may come
+# from whoever took the port.
 stack_ready() {
 	local name=$1 url=$2 pid
+	local hostport=${url#http://}
+	hostport=${hostport%%/*}
 	pid=$(stack_pid_of "$name" | tail -n 1)
 	local deadline=$((SECONDS + STACK_WAIT))
 	while :; do
-		if curl -fsS -o /dev/null --max-time 2 "$url" 2>/dev/null; then
+		if grep -qF "\"$hostport\"" "$STACK_OUT/logs/$name.log" 2>/dev/null &&
+			curl -fsS -o /dev/null --max-time 2 "$url" 2>/dev/null; then
 			return 0
 		fi
 		if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then

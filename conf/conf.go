@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/BurntSushi/toml"
@@ -126,6 +127,17 @@ func (c *Config) validate(p *problems) {
 	c.Proxy.validate(p)
 	c.Backend.validate(p)
 	c.Worker.validate(p)
+	seen := map[int]bool{}
+	for i, n := range c.Worker.Partitions {
+		key := fmt.Sprintf("worker.partitions[%d]", i)
+		switch {
+		case n < 0 || n >= c.RabbitMQ.Partitions:
+			p.add(key, "partition %d does not exist: rabbitmq.partitions = %d (0-%d)", n, c.RabbitMQ.Partitions, c.RabbitMQ.Partitions-1)
+		case seen[n]:
+			p.add(key, "partition %d listed twice", n)
+		}
+		seen[n] = true
+	}
 	c.Bench.validate(p)
 }
 
@@ -143,6 +155,8 @@ const (
 	EnvWorkerListen     = "SECKILL_WORKER_LISTEN"
 	EnvRedisKeyPrefix   = "SECKILL_REDIS_PREFIX"
 	EnvAMQPQueuePrefix  = "SECKILL_AMQP_PREFIX"
+	EnvWorkerPartitions = "SECKILL_WORKER_PARTITIONS" // "0,2"
+	EnvAMQPPartitions   = "SECKILL_AMQP_PARTITIONS"
 )
 
 func (c *Config) applyEnv(env func(string) string, p *problems) {
@@ -170,6 +184,24 @@ func (c *Config) applyEnv(env func(string) string, p *problems) {
 	set(EnvProxyAdminListen, &c.Proxy.AdminListen)
 	set(EnvBackendListen, &c.Backend.Listen)
 	set(EnvWorkerListen, &c.Worker.Listen)
+	if v := env(EnvAMQPPartitions); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			p.add(EnvAMQPPartitions, "want a number, got %q", v)
+		}
+		c.RabbitMQ.Partitions = n
+	}
+	if v := env(EnvWorkerPartitions); v != "" {
+		c.Worker.Partitions = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil {
+				p.add(EnvWorkerPartitions, "want comma-separated partition numbers, got %q", v)
+				break
+			}
+			c.Worker.Partitions = append(c.Worker.Partitions, n)
+		}
+	}
 	if v := env(EnvProxyUpstreams); v != "" {
 		var ups []string
 		for _, u := range strings.Split(v, ",") {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +18,13 @@ func TestShippedFileLoadsAndMatchesDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	def := Default()
+	// worker.partitions: the file's [] is the default's nil (all).
+	if len(cfg.Worker.Partitions) != 0 || len(def.Worker.Partitions) != 0 {
+		t.Errorf("worker.partitions: file %v, default %v; want all (empty)", cfg.Worker.Partitions, def.Worker.Partitions)
+	}
+	cfg.Worker.Partitions, def.Worker.Partitions = nil, nil
 	// The file documents the defaults: every scalar it sets equals them.
-	if cfg.Redis != def.Redis || cfg.MySQL != def.MySQL || cfg.RabbitMQ != def.RabbitMQ || cfg.Worker != def.Worker {
+	if cfg.Redis != def.Redis || cfg.MySQL != def.MySQL || cfg.RabbitMQ != def.RabbitMQ || !reflect.DeepEqual(cfg.Worker, def.Worker) {
 		t.Errorf("shipped file and defaults disagree:\nfile %+v %+v %+v %+v\ndefault %+v %+v %+v %+v",
 			cfg.Redis, cfg.MySQL, cfg.RabbitMQ, cfg.Worker, def.Redis, def.MySQL, def.RabbitMQ, def.Worker)
 	}
@@ -108,6 +114,9 @@ func TestBadFiles(t *testing.T) {
 		{"zero archive grace", "[worker]\narchive_grace = \"0s\"", []string{"worker.archive_grace"}},
 		{"bad listen", "[backend]\nlisten = \"8090\"", []string{"backend.listen: must be host:port"}},
 		{"bad redis url", "[redis]\nurl = \"http://x\"", []string{"redis.url:"}},
+		{"partitions", "[rabbitmq]\npartitions = 0", []string{"rabbitmq.partitions"}},
+		{"worker partition out of range", "[rabbitmq]\npartitions = 3\n[worker]\npartitions = [0, 3]", []string{"worker.partitions[1]: partition 3 does not exist: rabbitmq.partitions = 3 (0-2)"}},
+		{"worker partition twice", "[rabbitmq]\npartitions = 3\n[worker]\npartitions = [1, 1]", []string{"worker.partitions[1]: partition 1 listed twice"}},
 		{"dsn without db", "[mysql]\ndsn = \"root@tcp(127.0.0.1:3306)/\"", []string{"mysql.dsn: must name a database"}},
 		{"bad amqp scheme", "[rabbitmq]\nurl = \"http://x/\"", []string{"rabbitmq.url: scheme must be amqp"}},
 		{"token and token file", "[backend]\nadmin_token = \"abc\"\nadmin_token_file = \"/x\"", []string{"backend.admin_token_file: is mutually exclusive with backend.admin_token"}},
@@ -122,6 +131,7 @@ func TestBadFiles(t *testing.T) {
 		{"jwt unknown key", "[proxy.identity]\njwt = { alg = \"HS256\", key_file = \"/k\", algs = [] }", []string{"proxy.identity.jwt.algs: unknown key"}},
 		{"publish not below ttl", "[backend]\npublish_timeout = \"40s\"", []string{"backend.publish_timeout: must be shorter"}},
 		{"bad cidr", "[proxy]\ntrusted_proxies = [\"10.0.0.0/33\"]", []string{"proxy.trusted_proxies[0]: must be a CIDR"}},
+		{"tiny client state bound", "[proxy]\nmax_client_states = 10", []string{"proxy.max_client_states: must be between 64 and 100000000, got 10"}},
 		{"bad upstream", "[proxy]\nupstreams = [\"ftp://x\"]", []string{"proxy.upstreams[0]"}},
 		{"rule without windows", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"", []string{"proxy.rules[0]: needs per_ip, global or both"}},
 		{"rule bad mode", "[[proxy.rules]]\nname = \"r\"\npath_prefix = \"/\"\nglobal = { limit = 1, window = \"1s\" }\non_redis_error = \"maybe\"", []string{"proxy.rules[0].on_redis_error"}},
@@ -190,15 +200,6 @@ func TestEnvOverrides(t *testing.T) {
 	}
 }
 
-func TestRedisOptions(t *testing.T) {
-	c := Default()
-	c.Redis.URL = "redis://127.0.0.1:6390/3"
-	o := c.Redis.Options()
-	if o.Addr != "127.0.0.1:6390" || o.DB != 3 || !o.ContextTimeoutEnabled {
-		t.Errorf("options = %+v", o)
-	}
-}
-
 func FuzzParse(f *testing.F) {
 	data, err := os.ReadFile("seckill.toml")
 	if err != nil {
@@ -260,4 +261,24 @@ func FuzzParseKey(f *testing.F) {
 			t.Fatalf("%q: source %q", s, src)
 		}
 	})
+}
+
+func TestPartitionOverrides(t *testing.T) {
+	env := map[string]string{EnvAMQPPartitions: "3", EnvWorkerPartitions: "2, 0"}
+	c, err := Parse("", func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RabbitMQ.Partitions != 3 || !reflect.DeepEqual(c.Worker.Partitions, []int{2, 0}) {
+		t.Errorf("partitions %d, worker %v", c.RabbitMQ.Partitions, c.Worker.Partitions)
+	}
+	for _, bad := range []map[string]string{
+		{EnvWorkerPartitions: "0,x"},
+		{EnvAMQPPartitions: "three"},
+		{EnvAMQPPartitions: "2", EnvWorkerPartitions: "2"},
+	} {
+		if _, err := Parse("", func(k string) string { return bad[k] }); err == nil {
+			t.Errorf("accepted %v", bad)
+		}
+	}
 }

@@ -31,6 +31,10 @@ type Proxy struct {
 	MaxConnsPerIP int `toml:"max_conns_per_ip"`
 	// RedisTimeout bounds each limiter call to Redis.
 	RedisTimeout Duration `toml:"redis_timeout"`
+	// MaxClientStates bounds the per-client window states each rule with a
+	// per_ip window keeps in memory; past it the least recently used idle
+	// one is dropped (its window stays exact: Redis holds the log).
+	MaxClientStates int `toml:"max_client_states"`
 	// SoldOutTTL is how long the proxy answers a sold-out activity itself.
 	SoldOutTTL    Duration `toml:"sold_out_ttl"`
 	ShutdownGrace Duration `toml:"shutdown_grace"`
@@ -66,7 +70,9 @@ type Window struct {
 	Window Duration `toml:"window"`
 	// Key is what a per_ip window counts by: "ip" (default: the client
 	// address), "header:<Name>" or "cookie:<Name>"; a request without that
-	// header or cookie is counted by its address. Global windows have none.
+	// header or cookie is counted by its address, and so is one whose value
+	// neither a trusted peer nor the JWT identity vouches for. Global
+	// windows have none.
 	Key string `toml:"key"`
 }
 
@@ -126,6 +132,7 @@ func defaultProxy() Proxy {
 		MaxHeaderBytes:  8 << 10,
 		Concurrency:     256 * 1024,
 		RedisTimeout:    D(20 * time.Millisecond),
+		MaxClientStates: 262144,
 		SoldOutTTL:      D(time.Second),
 		ShutdownGrace:   D(10 * time.Second),
 		DenyPrefixes:    DefaultDenyPrefixes(),
@@ -163,6 +170,7 @@ func (x *Proxy) validate(p *problems) {
 	checkRange(p, "proxy.concurrency", x.Concurrency, 1, 10_000_000)
 	checkRange(p, "proxy.max_conns_per_ip", x.MaxConnsPerIP, 0, 10_000_000)
 	checkPositive(p, "proxy.redis_timeout", x.RedisTimeout)
+	checkRange(p, "proxy.max_client_states", x.MaxClientStates, 64, 100_000_000)
 	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)
 	checkPositive(p, "proxy.shutdown_grace", x.ShutdownGrace)
 	checkNonNegative(p, "proxy.drain_delay", x.DrainDelay)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/redis/go-redis/v9"
 )
 
 // Redis is the [redis] section.
@@ -29,28 +28,8 @@ func defaultRedis() Redis {
 	}
 }
 
-// Options returns go-redis options for this section.
-func (r Redis) Options() *redis.Options {
-	o, err := redis.ParseURL(r.URL)
-	if err != nil {
-		// validate rejects a bad URL; reaching here is a programming error.
-		o = &redis.Options{Addr: "127.0.0.1:6379"}
-	}
-	o.PoolSize = r.PoolSize
-	o.DialTimeout = r.DialTimeout.Duration
-	o.ReadTimeout = r.ReadTimeout.Duration
-	o.WriteTimeout = r.WriteTimeout.Duration
-	// Every call gets its own deadline from the caller's context.
-	o.ContextTimeoutEnabled = true
-	// No client-level retries: a command whose reply was lost (EOF, a read
-	// timeout) may have run, and running a script again is the caller's
-	// decision (the purchase path undoes instead; see docs/faults.md).
-	o.MaxRetries = -1
-	return o
-}
-
 func (r *Redis) validate(p *problems) {
-	if _, err := redis.ParseURL(r.URL); err != nil {
+	if _, err := ParseRedisURL(r.URL); err != nil {
 		p.add("redis.url", "%v", err)
 	}
 	if strings.ContainsAny(r.KeyPrefix, "{} \t\r\n") {
@@ -127,7 +106,14 @@ type RabbitMQ struct {
 	ConfirmTimeout  Duration `toml:"confirm_timeout"`
 	ReconnectMin    Duration `toml:"reconnect_min"`
 	ReconnectMax    Duration `toml:"reconnect_max"`
+	// Partitions is the number of order queues; each order goes to the
+	// queue its order id hashes to (docs/scale-out.md).
+	Partitions int `toml:"partitions"`
 }
+
+// MaxPartitions bounds [rabbitmq] partitions (and the retired partition
+// queues a worker looks for).
+const MaxPartitions = 64
 
 func defaultRabbitMQ() RabbitMQ {
 	return RabbitMQ{
@@ -138,6 +124,7 @@ func defaultRabbitMQ() RabbitMQ {
 		ConfirmTimeout:  D(5 * time.Second),
 		ReconnectMin:    D(100 * time.Millisecond),
 		ReconnectMax:    D(5 * time.Second),
+		Partitions:      1,
 	}
 }
 
@@ -156,6 +143,7 @@ func (r *RabbitMQ) validate(p *problems) {
 	}
 	checkRange(p, "rabbitmq.delivery_limit", r.DeliveryLimit, 1, 1000)
 	checkRange(p, "rabbitmq.publish_channels", r.PublishChannels, 1, 256)
+	checkRange(p, "rabbitmq.partitions", r.Partitions, 1, MaxPartitions)
 	checkPositive(p, "rabbitmq.confirm_timeout", r.ConfirmTimeout)
 	checkPositive(p, "rabbitmq.reconnect_min", r.ReconnectMin)
 	checkPositive(p, "rabbitmq.reconnect_max", r.ReconnectMax)

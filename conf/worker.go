@@ -38,6 +38,11 @@ type Worker struct {
 	ArchiveInterval   Duration `toml:"archive_interval"`
 	ArchiveGrace      Duration `toml:"archive_grace"`
 	ArchiveSummaryTTL Duration `toml:"archive_summary_ttl"`
+	// Partitions lists the order-queue partitions this worker consumes
+	// (0 .. rabbitmq.partitions-1); empty: all of them, and also any
+	// partition queue left over from a larger rabbitmq.partitions, until
+	// it is empty.
+	Partitions []int `toml:"partitions"`
 }
 
 func defaultWorker() Worker {

@@ -101,7 +101,7 @@ per_ip = { limit = 5, window = "1s" }
 	if n := up.hits.Load() - before; n != 1 {
 		t.Errorf("%d requests reached the upstream, want the 1 allowed", n)
 	}
-	if m := get(t, "http://"+adminAddr(px)+"/metrics"); !strings.Contains(m, "seckill_proxy_denied_total 7") {
+	if m := get(t, "http://"+px.AdminAddr+"/metrics"); !strings.Contains(m, "seckill_proxy_denied_total 7") {
 		t.Errorf("proxy /metrics does not count the 7 denied requests")
 	}
 }

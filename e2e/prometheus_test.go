@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -23,21 +22,57 @@ import (
 
 var metricName = regexp.MustCompile(`seckill_[a-z_]+|process_[a-z_]+|go_[a-z_]+`)
 
-// promPorts is where the test's Prometheus listens: a free port of this
-// range, kept apart from the ports the stacks pick.
-const promPortLo, promPortHi = 43000, 43999
-
-func freePromPort(t *testing.T) string {
+// startPrometheus runs bin with args and --web.listen-address on a port
+// of the stack's (claimed for the test), until its log says it is ready; a
+// start that lost the port before binding it is tried on another. The
+// server is stopped when the test ends; exited is closed if it exits.
+func startPrometheus(t *testing.T, bin, dir string, args ...string) (addr string, exited <-chan struct{}) {
 	t.Helper()
-	for p := promPortLo; p <= promPortHi; p++ {
-		addr := fmt.Sprintf("127.0.0.1:%d", p)
-		if ln, err := net.Listen("tcp", addr); err == nil {
-			_ = ln.Close()
-			return addr
+	for try := 1; ; try++ {
+		addr = stack.FreeAddr(t)
+		logPath := filepath.Join(dir, fmt.Sprintf("prometheus-%d.log", try))
+		cmd := exec.Command(bin, append(args, "--web.listen-address="+addr, "--log.level=info")...)
+		logf, err := os.Create(logPath)
+		servicetest.Must(t, err, "log")
+		cmd.Stdout, cmd.Stderr = logf, logf
+		servicetest.Must(t, cmd.Start(), "start prometheus")
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); _ = logf.Close(); close(done) }()
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+			if t.Failed() {
+				b, _ := os.ReadFile(logPath)
+				t.Logf("prometheus log:\n%s", b)
+			}
+		})
+		// Its own "ready" record, not an answer from whoever took the port.
+		var log []byte
+		stack.WaitFor(t, "prometheus ready", 2*time.Minute, func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+			}
+			log, _ = os.ReadFile(logPath)
+			return strings.Contains(string(log), "Server is ready to receive web requests")
+		})
+		select {
+		case <-done:
+			log, _ = os.ReadFile(logPath)
+			if strings.Contains(string(log), "address already in use") && try < 5 {
+				continue
+			}
+			t.Fatalf("prometheus exited at start:\n%s", log)
+		default:
 		}
+		return addr, done
 	}
-	t.Fatalf("no free port in %d-%d", promPortLo, promPortHi)
-	return ""
 }
 
 type promAnswer struct {
@@ -131,29 +166,9 @@ func TestPrometheusScrapesTheStackAndEveryQueryAnswers(t *testing.T) {
 	servicetest.Must(t, err, "read alerts.yml")
 	servicetest.Must(t, os.WriteFile(filepath.Join(dir, "alerts.yml"), rules, 0o644), "write rules")
 
-	addr := freePromPort(t)
+	addr, exited := startPrometheus(t, bin, dir, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"))
 	base := "http://" + addr
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+addr, "--log.level=warn")
-	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	servicetest.Must(t, err, "log")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	servicetest.Must(t, cmd.Start(), "start prometheus")
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(dir, "prometheus.log"))
-			t.Logf("prometheus log:\n%s", b)
-		}
-	})
 
 	// Two scrapes of every job, so that rate() has two samples.
 	stack.WaitFor(t, "two scrapes of the three jobs", 2*time.Minute, func() bool {

@@ -58,14 +58,13 @@ func startProxyWith(t *testing.T, upstream, config string, extraEnv ...string) *
 	t.Helper()
 	dir := t.TempDir()
 	_, prefix := servicetest.Redis(t)
-	addr, admin := stack.FreeAddr(t), stack.FreeAddr(t)
 	env := append(append([]string{}, envWithout("SECKILL_")...),
 		conf.EnvRedisURL+"="+servicetest.RedisURL(), conf.EnvRedisKeyPrefix+"="+prefix,
-		conf.EnvProxyListen+"="+addr, conf.EnvProxyAdminListen+"="+admin, conf.EnvProxyUpstreams+"=http://"+upstream)
-	p := stack.NewProc(t, stack.Binary(t, "proxy"), "proxy", admin, dir, append(env, extraEnv...), "-config", config)
+		conf.EnvProxyUpstreams+"=http://"+upstream)
+	p := stack.NewProc(t, stack.Binary(t, "proxy"), "proxy", "", dir, append(env, extraEnv...), "-config", config).
+		Serves(t, conf.EnvProxyListen, conf.EnvProxyAdminListen)
 	p.Start(t)
 	p.WaitReady(t, "/healthz")
-	p.Addr = addr // forwarding listener from here on; the admin one is checked above
 	return p
 }
 
@@ -188,21 +187,10 @@ func TestSecretsStayOutOfLogsAndMetrics(t *testing.T) {
 	for _, p := range []*stack.Proc{s.Backends[0], s.Workers[0]} {
 		check(t, p.Name+" /metrics", get(t, p.URL()+"/metrics"), secrets)
 	}
-	check(t, "proxy /metrics", get(t, "http://"+adminAddr(px)+"/metrics"), secrets)
+	check(t, "proxy /metrics", get(t, "http://"+px.AdminAddr+"/metrics"), secrets)
 	for _, p := range []*stack.Proc{s.Backends[0], s.Workers[0], bad, px} {
 		check(t, p.Name+" log", p.LogText(), secrets)
 	}
-}
-
-func adminAddr(p *stack.Proc) string {
-	// startProxy points Addr at the forwarding listener; the admin listener
-	// is in the environment it was started with.
-	for _, e := range p.Env() {
-		if v, ok := strings.CutPrefix(e, conf.EnvProxyAdminListen+"="); ok {
-			return v
-		}
-	}
-	return ""
 }
 
 func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o644) }

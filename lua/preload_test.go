@@ -17,7 +17,7 @@ import (
 // on the first timeout; with Redis gone for good it gives up when ctx ends.
 func TestPreloadRetriesUntilLoaded(t *testing.T) {
 	t.Parallel()
-	direct, _ := servicetest.Redis(t)
+	direct, _ := servicetest.RedisNode(t)
 	fp, err := faultnet.Listen("127.0.0.1:0", direct.Options().Addr)
 	servicetest.Must(t, err, "fault proxy")
 	t.Cleanup(func() { _ = fp.Close() })

@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/cli"
 	"github.com/seckill/seckill/internal/shutdown"
@@ -58,7 +56,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	rdb := redis.NewClient(cfg.Redis.Options())
+	rdb := cfg.Redis.NewClient()
 	defer rdb.Close()
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	if err := lua.Preload(pctx, rdb); err != nil {

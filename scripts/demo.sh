@@ -9,6 +9,9 @@
 #
 #   make demo            1,000 units, 24,000 users, 10 s rush at 4,000 req/s
 #   make demo QUICK=1    200 units, 4,000 users, 5 s rush (≤ 60 s in all; CI)
+#   make demo REDIS=cluster   the same on the local Redis Cluster (make cluster),
+#                        REDIS=sentinel on the local Sentinel set, both with
+#                        2 order-queue partitions
 #
 # Environment: QUICK=1, DEMO_OUT (default out/demo), STACK_KEEP=1 (keep the
 # database, keys and queues), DEMO_NO_BUILD=1 (skip make build / services),
@@ -64,6 +67,17 @@ finish() {
 }
 trap finish EXIT
 trap 'echo "demo: interrupted" >&2; exit 130' INT TERM
+
+case ${REDIS:-} in
+"") ;;
+cluster | sentinel)
+	SECKILL_REDIS_URL=$(scripts/redis-engines.sh "$REDIS" start | tail -1) || { echo "demo: the local Redis $REDIS did not start" >&2; exit 2; }
+	export SECKILL_REDIS_URL
+	export SECKILL_AMQP_PARTITIONS=${SECKILL_AMQP_PARTITIONS:-2}
+	stack_log "Redis: $SECKILL_REDIS_URL; order queues: $SECKILL_AMQP_PARTITIONS partitions"
+	;;
+*) echo "demo: REDIS must be cluster or sentinel, got \"$REDIS\"" >&2; exit 2 ;;
+esac
 
 stack_init
 stack_write_config "$STACK_OUT/seckill.toml" "$PER_IP" "$GLOBAL"

@@ -102,8 +102,8 @@ func run(ctx context.Context, args []string) error {
 }
 
 // openStores connects to Redis (scripts preloaded) and MySQL (schema ensured).
-func openStores(ctx context.Context, cfg conf.Config) (*redis.Client, *sql.DB, error) {
-	rdb := redis.NewClient(cfg.Redis.Options())
+func openStores(ctx context.Context, cfg conf.Config) (redis.UniversalClient, *sql.DB, error) {
+	rdb := cfg.Redis.NewClient()
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err := lua.Preload(pctx, rdb)
 	cancel()
@@ -169,7 +169,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	m := workermetrics.New(reg)
 	sales := reservation.New(rdb, cfg.Redis.KeyPrefix)
 	topo := broker.TopologyFor(cfg.RabbitMQ)
-	queues := backlog.New(rdb, sales, cfg.RabbitMQ.URL, []string{topo.Queue, topo.DeadQueue}, 2*time.Second)
+	queues := backlog.New(rdb, sales, cfg.RabbitMQ.URL, topo.QueueNames(), 2*time.Second)
 	defer queues.Close()
 	reg.MustRegister(queues)
 	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), m, log)
@@ -216,7 +216,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("worker started", "listen", ln.Addr().String(), "queue", consume.ConfigFrom(cfg).Topology.Queue)
+	log.Info("worker started", "listen", ln.Addr().String(), "queues", consume.ConfigFrom(cfg).Topology.OrderQueues(), "partitions", cfg.Worker.Partitions)
 
 	// On SIGTERM readiness fails for drain_delay while the worker still
 	// consumes; then consuming stops.
@@ -246,7 +246,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 }
 
 // sweepLoop runs the sweeper until ctx ends.
-func sweepLoop(ctx context.Context, cfg conf.Config, rdb *redis.Client, sales *reservation.Store, db *sql.DB, log *slog.Logger) {
+func sweepLoop(ctx context.Context, cfg conf.Config, rdb redis.UniversalClient, sales *reservation.Store, db *sql.DB, log *slog.Logger) {
 	s := sweep.New(sweep.Config{
 		Interval:     cfg.Worker.SweepInterval.Duration,
 		Grace:        cfg.Worker.RepublishAfter.Duration,
@@ -267,7 +267,7 @@ func instanceName() string {
 
 // admin serves /healthz (the process runs), /readyz (Redis, RabbitMQ and
 // MySQL reachable) and /metrics.
-func admin(rdb *redis.Client, db *sql.DB, c *consume.Consumer, metricsHandler fasthttp.RequestHandler) fasthttp.RequestHandler {
+func admin(rdb redis.UniversalClient, db *sql.DB, c *consume.Consumer, metricsHandler fasthttp.RequestHandler) fasthttp.RequestHandler {
 	return func(ctx *fasthttp.RequestCtx) {
 		switch string(ctx.Path()) {
 		case "/healthz":

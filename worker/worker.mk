@@ -8,6 +8,11 @@
 #                           faults (proxy/internal/edge TestRedisFaults); prints
 #                           fault | attempts | accepted | confirmed | failed |
 #                           oversold | duplicates | lost | verdict
+#                           The suite includes the Redis Cluster master and
+#                           Sentinel failovers (e2e/chaos/engines_test.go),
+#                           then the full form of the engine tests: the
+#                           reservation, limiter, backend, worker, proxy and e2e
+#                           packages on the local cluster (make cluster)
 #   make fuzz               every fuzz target for FUZZTIME each (default 20s)
 .PHONY: chaos fuzz
 
@@ -24,6 +29,7 @@ FUZZ_TARGETS := \
 	./proxy/internal/limiter:FuzzClientKey \
 	./proxy/internal/edge:FuzzPlainPath \
 	./conf:FuzzParse \
+	./conf:FuzzParseRedisURL \
 	./conf:FuzzParseKey \
 	./internal/ordermsg:FuzzDecode \
 	./proxy/internal/token:FuzzExtract \
@@ -43,6 +49,14 @@ chaos: services
 	else \
 		status=1; cat $(CHAOS_OUT)/proxy.log; \
 		printf 'proxy: redis down/paused/slow × on_redis_error local/open/closed (edge.TestRedisFaults)\t-\t-\t-\t-\t-\t-\t-\tFAIL\n' >> $(CHAOS_OUT)/rows.tsv; \
+	fi; \
+	if url=$$(scripts/redis-engines.sh cluster start | tail -1) && \
+		SECKILL_TEST_REDIS_URL=$$url SECKILL_TEST_REDIS_CLUSTER_URL=$$url $(GO) test -race -count=1 -timeout 20m \
+			$(ENGINE_TESTS) ./internal/verify ./backend/... ./worker/... ./proxy/... ./e2e > $(CHAOS_OUT)/cluster.log 2>&1; then \
+		printf 'redis cluster: reservation, limiter, backend, worker, proxy and e2e tests on %s\t-\t-\t-\t-\t-\t-\t-\tok\n' "$$url" >> $(CHAOS_OUT)/rows.tsv; \
+	else \
+		status=1; grep -E '^(--- FAIL|FAIL|panic)' $(CHAOS_OUT)/cluster.log || true; \
+		printf 'redis cluster: the tests on the local cluster (log: $(CHAOS_OUT)/cluster.log)\t-\t-\t-\t-\t-\t-\t-\tFAIL\n' >> $(CHAOS_OUT)/rows.tsv; \
 	fi; \
 	echo; \
 	{ printf 'fault\tattempts\taccepted\tconfirmed\tfailed\toversold\tduplicates\tlost\tverdict\n'; cat $(CHAOS_OUT)/rows.tsv; } \

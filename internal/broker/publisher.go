@@ -598,7 +598,8 @@ func (p *Publisher) publish(ctx context.Context, id, typ string, body []byte) er
 	}
 	wrote := make(chan written, 1)
 	go func() {
-		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange, p.cfg.Topology.RoutingKey,
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange,
+			p.cfg.Topology.PartitionKey(p.cfg.Topology.Partition(id)),
 			true, false, amqp.Publishing{
 				ContentType:  ordermsg.ContentType,
 				DeliveryMode: amqp.Persistent,

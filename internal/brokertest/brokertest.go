@@ -21,7 +21,8 @@ import (
 func Prefix(t testing.TB) string {
 	t.Helper()
 	const probe = "p"
-	topo := broker.TopologyFor(conf.RabbitMQ{Prefix: probe})
+	// Every partition queue a test may declare (rabbitmq.partitions).
+	topo := broker.TopologyFor(conf.RabbitMQ{Prefix: probe, Partitions: conf.MaxPartitions})
 	suffixes := func(names []string) []string {
 		out := make([]string, len(names))
 		for i, n := range names {

@@ -110,7 +110,7 @@ func TestDelayEitherDirection(t *testing.T) {
 // TestDropReply: the server ran the command, the client never hears of it.
 func TestDropReply(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := servicetest.Redis(t)
+	rdb, prefix := servicetest.RedisNode(t)
 	p := proxy(t, rdb.Options().Addr)
 	via := redis.NewClient(&redis.Options{Addr: p.Addr(), DB: rdb.Options().DB, MaxRetries: -1})
 	defer via.Close()
@@ -134,7 +134,7 @@ func TestDropReply(t *testing.T) {
 // TestCutRequest: the request never reaches the server.
 func TestCutRequest(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := servicetest.Redis(t)
+	rdb, prefix := servicetest.RedisNode(t)
 	p := proxy(t, rdb.Options().Addr)
 	via := redis.NewClient(&redis.Options{Addr: p.Addr(), DB: rdb.Options().DB, MaxRetries: -1})
 	defer via.Close()
@@ -154,7 +154,7 @@ func TestCutRequest(t *testing.T) {
 // later command on another, and runs once released.
 func TestHoldReorders(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := servicetest.Redis(t)
+	rdb, prefix := servicetest.RedisNode(t)
 	p := proxy(t, rdb.Options().Addr)
 	ctx := context.Background()
 	list := prefix + "order"

@@ -5,12 +5,14 @@ import (
 	"maps"
 	"reflect"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/redisnodes"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
 	"github.com/seckill/seckill/lua"
@@ -18,7 +20,7 @@ import (
 
 const ttl = 30 * time.Second
 
-func redisNow(t testing.TB, rdb *redis.Client) time.Time {
+func redisNow(t testing.TB, rdb redis.UniversalClient) time.Time {
 	t.Helper()
 	now, err := rdb.Time(context.Background()).Result()
 	servicetest.Must(t, err, "redis TIME")
@@ -57,11 +59,11 @@ func lose(t testing.TB, st *reservation.Store, rdb *redis.Client, id int64) {
 }
 
 // snapshot is every key under a prefix with its full content.
-func snapshot(t testing.TB, rdb *redis.Client, prefix string) map[string]any {
+func snapshot(t testing.TB, rdb redis.UniversalClient, prefix string) map[string]any {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]any{}
-	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	keys, err := redisnodes.Scan(ctx, rdb, prefix+"*")
 	servicetest.Must(t, err, "keys")
 	for _, k := range keys {
 		typ, err := rdb.Type(ctx, k).Result()
@@ -86,7 +88,7 @@ type sale struct {
 	start, end   time.Duration // relative to Redis's clock now
 }
 
-func warm(t testing.TB, st *reservation.Store, rdb *redis.Client, id int64, s sale) {
+func warm(t testing.TB, st *reservation.Store, rdb redis.UniversalClient, id int64, s sale) {
 	t.Helper()
 	now := redisNow(t, rdb)
 	out, _, err := st.Warm(context.Background(), id, reservation.WarmArgs{
@@ -533,6 +535,32 @@ func benchReserve(b *testing.B, total int64) {
 			b.Fatalf("%+v %v", res, err)
 		}
 	}
+}
+
+// BenchmarkReserveParallel is one hot sale reserved by 32
+// goroutines per CPU (SECKILL_TEST_REDIS_URL picks the engine: one node or a cluster,
+// where the sale's keys are one slot on one master).
+func BenchmarkReserveParallel(b *testing.B) {
+	rdb, prefix := servicetest.Redis(b)
+	st := reservation.New(rdb, prefix)
+	const id = 1
+	warm(b, st, rdb, id, sale{total: 1 << 40, limit: 1, start: -time.Hour, end: time.Hour})
+	var n atomic.Int64
+	b.SetParallelism(32)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			res, err := st.Reserve(context.Background(), reservation.Request{
+				ActivityID: id, UserID: "u" + strconv.FormatInt(i, 10), Quantity: 1, OrderID: ordermsg.NewOrderID(id), TTL: ttl,
+			})
+			if err != nil || res.Outcome != reservation.Reserved {
+				b.Errorf("%+v %v", res, err)
+				return
+			}
+		}
+	})
 }
 
 // BenchmarkRawEvalSha is the ceiling of BenchmarkReserve: the same script by

@@ -21,7 +21,7 @@ import (
 
 // Rig is one test's isolated Redis prefix, database and reservation store.
 type Rig struct {
-	Redis  *redis.Client
+	Redis  redis.UniversalClient
 	Prefix string
 	Store  *reservation.Store
 	DB     *sql.DB

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,50 +37,103 @@ func freePort(t testing.TB) int {
 // Private is a server of the test's own, which it may stop, restart or count
 // exactly (INFO commandstats, SHOW GLOBAL STATUS): nothing else uses it.
 type Private struct {
-	Addr string // host:port
-	cmd  *exec.Cmd
-	argv []string
+	Addr   string // host:port
+	cmd    *exec.Cmd
+	exited chan struct{}
+	argv   []string
 }
 
 // PrivateRedis starts a throwaway redis-server on a free port; it is killed
-// when the test ends.
+// when the test ends. The port is only probed free, so another process may
+// take it before the server binds it: then the server exits and another port
+// is tried.
 func PrivateRedis(t testing.TB) *Private {
 	t.Helper()
 	bin := needBinary(t, "redis-server")
-	port := freePort(t)
-	p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), argv: []string{bin, "--port", strconv.Itoa(port),
-		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}}
-	p.Start(t)
-	t.Cleanup(p.Kill)
-	return p
+	var errs []string
+	for range 10 {
+		p := redisServer(bin, freePort(t))
+		err := p.startRedis()
+		if err == nil {
+			t.Cleanup(p.Kill)
+			return p
+		}
+		errs = append(errs, err.Error())
+	}
+	t.Fatalf("private redis-server did not start: %s", strings.Join(errs, "; "))
+	return nil
 }
 
-// Start (re)starts the server and waits until it answers.
+// redisServer is a redis-server on port that keeps nothing on disk.
+func redisServer(bin string, port int) *Private {
+	return &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), argv: []string{bin, "--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}}
+}
+
+// Start restarts the server on its address (after Kill) and waits until it
+// answers.
 func (p *Private) Start(t testing.TB) {
 	t.Helper()
-	p.cmd = exec.Command(p.argv[0], p.argv[1:]...)
-	Must(t, p.cmd.Start(), "start %s", p.argv[0])
+	Must(t, p.startRedis(), "restart private redis-server")
+}
+
+// startRedis runs the server and waits until this very process answers on
+// Addr (its INFO process_id), not some other server that holds the port.
+func (p *Private) startRedis() error {
+	cmd := exec.Command(p.argv[0], p.argv[1:]...)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", p.argv[0], err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	p.cmd, p.exited = cmd, exited
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
 	defer rdb.Close()
-	for i := 0; ; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := rdb.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
+	deadline := time.Now().Add(time.Minute)
+	for {
+		select {
+		case <-exited:
+			p.cmd = nil
+			return fmt.Errorf("redis-server on %s exited at start (port taken?)", p.Addr)
+		default:
 		}
-		if i > 250 {
-			t.Fatalf("private redis-server on %s did not start: %v", p.Addr, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		pid, err := redisPid(ctx, rdb)
+		cancel()
+		if err == nil && pid == cmd.Process.Pid {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			p.Kill()
+			return fmt.Errorf("redis-server on %s did not answer within a minute (last: pid %d, %v)", p.Addr, pid, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// redisPid is the process id of the server rdb reaches.
+func redisPid(ctx context.Context, rdb *redis.Client) (int, error) {
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, fmt.Errorf("INFO server has no process_id")
 }
 
 // Kill stops the server at once (SIGKILL) and reaps it.
 func (p *Private) Kill() {
 	if p.cmd != nil && p.cmd.Process != nil {
 		_ = p.cmd.Process.Kill()
-		_ = p.cmd.Wait()
+		if p.exited != nil {
+			<-p.exited
+		} else {
+			_ = p.cmd.Wait()
+		}
 		p.cmd = nil
 	}
 }

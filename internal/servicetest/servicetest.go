@@ -18,6 +18,9 @@ import (
 	"github.com/go-sql-driver/mysql"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/redisnodes"
 )
 
 // Environment variables that point tests at other servers.
@@ -74,22 +77,42 @@ func Name(t testing.TB) string {
 }
 
 // Redis returns a client and a key prefix unique to this test; every key under
-// the prefix is deleted when the test ends.
-func Redis(t testing.TB) (*redis.Client, string) {
+// the prefix is deleted when the test ends. SECKILL_TEST_REDIS_URL may name a
+// cluster or a Sentinel (conf's URL forms): the tests that take this client
+// then run on that engine.
+func Redis(t testing.TB) (redis.UniversalClient, string) {
 	t.Helper()
 	return RedisAt(t, RedisURL())
 }
 
-// RedisAt is Redis on the server and database of rawURL (a test that flushes
-// its database picks one no other test uses).
-func RedisAt(t testing.TB, rawURL string) (*redis.Client, string) {
+// RedisNode is Redis for a test that needs one node (its address, its
+// database: a fault proxy in front of it); under a cluster or Sentinel
+// SECKILL_TEST_REDIS_URL it uses the shared node.
+func RedisNode(t testing.TB) (*redis.Client, string) {
 	t.Helper()
-	opt, err := redis.ParseURL(rawURL)
-	if err != nil {
-		t.Fatal(err)
+	u := RedisURL()
+	if tg, err := conf.ParseRedisURL(u); err != nil || tg.Kind != conf.RedisNode {
+		u = "redis://127.0.0.1:6379/0"
 	}
-	rdb := redis.NewClient(opt)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	rdb, prefix := RedisAt(t, u)
+	return rdb.(*redis.Client), prefix
+}
+
+// RedisAt is Redis at rawURL (any of conf's URL forms; a test that flushes
+// its database picks one no other test uses).
+func RedisAt(t testing.TB, rawURL string) (redis.UniversalClient, string) {
+	t.Helper()
+	rc := conf.Default().Redis
+	rc.URL = rawURL
+	// go-redis's own default timeouts, which the tests had before they used
+	// conf's client: a test's setup on a loaded machine is no deadline test.
+	rc.ReadTimeout, rc.WriteTimeout = conf.D(3*time.Second), conf.D(3*time.Second)
+	rc.DialTimeout = conf.D(5 * time.Second)
+	if _, err := conf.ParseRedisURL(rawURL); err != nil {
+		t.Fatalf("redis url %q: %v", rawURL, err)
+	}
+	rdb := rc.NewClient()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		_ = rdb.Close()
@@ -99,9 +122,9 @@ func RedisAt(t testing.TB, rawURL string) (*redis.Client, string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
+		keys, _ := redisnodes.Scan(ctx, rdb, prefix+"*")
+		for _, k := range keys {
+			rdb.Del(ctx, k)
 		}
 		_ = rdb.Close()
 	})

@@ -15,6 +15,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/seckill/seckill/internal/redisnodes"
+
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
 )
@@ -65,19 +67,12 @@ func Pattern(prefix string) string {
 
 // RedisKeys lists the keys under prefix (SCAN, never KEYS).
 func RedisKeys(ctx context.Context, rdb redis.UniversalClient, prefix string) ([]string, error) {
-	var out []string
-	iter := rdb.Scan(ctx, 0, Pattern(prefix), 1000).Iterator()
-	for iter.Next(ctx) {
-		out = append(out, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		return nil, fmt.Errorf("scan %s*: %w", prefix, err)
-	}
-	return out, nil
+	// On a cluster, every master holds some of them.
+	return redisnodes.Scan(ctx, rdb, Pattern(prefix))
 }
 
 func removeRedis(ctx context.Context, c conf.Redis) (int, error) {
-	rdb := redis.NewClient(c.Options())
+	rdb := c.NewClient()
 	defer rdb.Close()
 	keys, err := RedisKeys(ctx, rdb, c.KeyPrefix)
 	if err != nil {
@@ -117,8 +112,13 @@ func removeBroker(c conf.RabbitMQ) (queues, exchanges []string, err error) {
 	defer ch.Close()
 	topo := broker.TopologyFor(c)
 	var errs []error
+	// Partition queues of a larger [rabbitmq] partitions go too.
+	retired, err := topo.Retired(conn)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	// Deleting an absent queue or exchange succeeds, so a repeat is harmless.
-	for _, q := range topo.QueueNames() {
+	for _, q := range append(topo.QueueNames(), retired...) {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			errs = append(errs, fmt.Errorf("delete queue %s: %w", q, err))
 			continue

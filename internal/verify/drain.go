@@ -28,8 +28,11 @@ type Drainer struct {
 	Redis   redis.Cmdable
 	Prefix  string // [redis] key_prefix
 	AMQPURL string
-	// Queue and DeadQueue are the order queue and its dead-letter queue.
+	// Queue and DeadQueue are the order queue and its dead-letter queue;
+	// Partitions the other order queues (partitions 1..N-1), counted with
+	// Queue.
 	Queue, DeadQueue string
+	Partitions       []string
 	// Poll is the interval between checks (default 100ms).
 	Poll time.Duration
 	// Rabbitmqctl, when set, is run to read the unacknowledged count, which
@@ -166,8 +169,12 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 func (d *Drainer) observe(ctx context.Context, q *broker.QueueProbe, id int64) (DrainStatus, error) {
 	st := DrainStatus{Unacked: -1}
 	var err error
-	if st.Ready, err = q.Ready(d.Queue); err != nil {
-		return st, fmt.Errorf("drain: %w (is the backend running with this [rabbitmq] prefix?)", err)
+	for _, name := range append([]string{d.Queue}, d.Partitions...) {
+		n, err := q.Ready(name)
+		if err != nil {
+			return st, fmt.Errorf("drain: %w (is the backend running with this [rabbitmq] prefix and partitions?)", err)
+		}
+		st.Ready += n
 	}
 	if d.DeadQueue != "" {
 		if st.Dead, err = q.Ready(d.DeadQueue); err != nil {
@@ -264,7 +271,15 @@ func (d *Drainer) unacked(ctx context.Context) (int, bool, error) {
 	if err != nil {
 		return -1, false, fmt.Errorf("rabbitmqctl list_queues: %w", err)
 	}
-	return parseUnacked(string(out), d.Queue)
+	total := 0
+	for _, name := range append([]string{d.Queue}, d.Partitions...) {
+		n, ok, err := parseUnacked(string(out), name)
+		if err != nil || !ok {
+			return n, ok, err
+		}
+		total += n
+	}
+	return total, true, nil
 }
 
 func parseUnacked(out, queue string) (int, bool, error) {

@@ -3,6 +3,7 @@ package verify
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,9 +31,14 @@ func drainFixture(t *testing.T, n int, pending int64) (*Drainer, *amqp.Channel) 
 // gained meanwhile.
 func TestDrainWaitsForQueueAndPending(t *testing.T) {
 	d, ch := drainFixture(t, 3, 2)
+	// The "worker" starts once the drain took its first look (a fixed head
+	// start was overtaken by a slow first AMQP dial on a loaded machine).
+	looked := make(chan struct{})
+	var once sync.Once
+	tick := func(DrainStatus, time.Duration) { once.Do(func() { close(looked) }) }
 	go func() {
 		// A "worker": takes the messages, writes orders, settles Redis.
-		time.Sleep(150 * time.Millisecond)
+		<-looked
 		for i := 0; i < 3; i++ {
 			for {
 				if m, ok, err := ch.Get(d.Queue, false); err == nil && ok {
@@ -47,7 +53,7 @@ func TestDrainWaitsForQueueAndPending(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		d.Redis.HSet(context.Background(), reservation.KeysFor(d.Prefix, actID).Meta, "pending", 0)
 	}()
-	res, err := d.Wait(context.Background(), actID, 20*time.Second, nil)
+	res, err := d.Wait(context.Background(), actID, 20*time.Second, tick)
 	servicetest.Must(t, err, "wait")
 	if !res.Drained || res.Problem != "" {
 		t.Fatalf("not drained: %+v", res)
@@ -55,7 +61,7 @@ func TestDrainWaitsForQueueAndPending(t *testing.T) {
 	if res.Start.Ready != 3 || res.Start.Pending != 2 {
 		t.Errorf("first observation %+v, want 3 ready, 2 pending", res.Start)
 	}
-	if res.Orders != 3 || res.Rate <= 0 || res.Elapsed < 250*time.Millisecond {
+	if res.Orders != 3 || res.Rate <= 0 || res.Elapsed < 100*time.Millisecond {
 		t.Errorf("orders %d rate %.1f after %s", res.Orders, res.Rate, res.Elapsed)
 	}
 }

@@ -22,7 +22,7 @@ const actID = 42
 // and a real Redis key space, as the workers would have left it.
 type fixture struct {
 	db     *sql.DB
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	keys   reservation.Keys
 	input  Input

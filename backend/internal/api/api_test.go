@@ -28,6 +28,7 @@ import (
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/ordermsg"
+	"github.com/seckill/seckill/internal/redisnodes"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/servicetest"
@@ -57,7 +58,7 @@ func (h *hookPublisher) PublishMarker(ctx context.Context, m ordermsg.Marker) er
 
 type stack struct {
 	url   string
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	store *reservation.Store
 	db    *sql.DB
 	topo  broker.Topology
@@ -85,7 +86,7 @@ func newStackWith(t *testing.T, soldOutTTL time.Duration, log *slog.Logger, edit
 
 // newStackOn runs the backend with scfg on rdb (nil: the shared Redis) and
 // the database of dsn ("": a fresh one on the shared MariaDB).
-func newStackOn(t *testing.T, scfg sale.Config, rdb *redis.Client, dsn string, log *slog.Logger, edit func(*api.Config)) *stack {
+func newStackOn(t *testing.T, scfg sale.Config, rdb redis.UniversalClient, dsn string, log *slog.Logger, edit func(*api.Config)) *stack {
 	t.Helper()
 	var prefix string
 	if rdb == nil {
@@ -220,7 +221,7 @@ func (s *stack) state(t *testing.T) map[string]any {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]any{}
-	keys, err := s.rdb.Keys(ctx, s.store.Prefix()+"*").Result()
+	keys, err := redisnodes.Scan(ctx, s.rdb, s.store.Prefix()+"*")
 	servicetest.Must(t, err, "keys")
 	for _, k := range keys {
 		switch s.rdb.Type(ctx, k).Val() {

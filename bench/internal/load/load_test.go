@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,8 @@ type shop struct {
 	orders   map[string]string // user:key -> order id
 	failOnce map[string]bool   // keys already answered 503 once
 	peers    map[string]int    // remote IP -> requests
+	buyers   map[string]string // X-User-ID -> the remote IP of its purchases ("*" when it used two)
+	bought   map[string]int    // remote IP -> purchase requests
 	attempts map[string]int    // user:key -> purchase attempts
 	delay    time.Duration
 	every503 int // every n-th new key gets one 503 first
@@ -31,7 +34,7 @@ type shop struct {
 
 func newShop(stock int) *shop {
 	return &shop{stock: stock, orders: map[string]string{}, failOnce: map[string]bool{},
-		peers: map[string]int{}, attempts: map[string]int{}}
+		peers: map[string]int{}, buyers: map[string]string{}, bought: map[string]int{}, attempts: map[string]int{}}
 }
 
 func (s *shop) handle(ctx *fasthttp.RequestCtx) {
@@ -52,7 +55,14 @@ func (s *shop) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(404)
 		return
 	}
-	k := string(ctx.Request.Header.Peek("X-User-ID")) + ":" + string(ctx.Request.Header.Peek("Idempotency-Key"))
+	user := string(ctx.Request.Header.Peek("X-User-ID"))
+	if ip, ok := s.buyers[user]; ok && ip != host {
+		s.buyers[user] = "*"
+	} else {
+		s.buyers[user] = host
+	}
+	s.bought[host]++
+	k := user + ":" + string(ctx.Request.Header.Peek("Idempotency-Key"))
 	s.attempts[k]++
 	if id, ok := s.orders[k]; ok {
 		ctx.SetStatusCode(202)
@@ -108,7 +118,10 @@ func run(t *testing.T, cfg Config) *Recorder {
 }
 
 // Requests leave from the configured loopback addresses, so a proxy sees
-// that many distinct peers; hot users share a few of them.
+// that many distinct peers; hot users share a few of them. A fixed plan (an
+// open loop: 400 purchases at 1000/s, sent however late a loaded machine
+// gets to them), counted per request: every user sends from one address,
+// the hot half of the users from the one hot address.
 func TestDistinctSourceAddresses(t *testing.T) {
 	s := newShop(1 << 30)
 	cfg := baseConfig(serve(t, s))
@@ -117,9 +130,11 @@ func TestDistinctSourceAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Sources, cfg.HotShare = src, 0.5
+	cfg.Rate, cfg.Rush, cfg.Tail = 1000, 300*time.Millisecond, 100*time.Millisecond
 	snap := run(t, cfg).Snapshot()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// The warm-up reads through every source once at least.
 	if len(s.peers) != 40 {
 		t.Errorf("server saw %d distinct peers, want 40: %v", len(s.peers), s.peers)
 	}
@@ -128,15 +143,42 @@ func TestDistinctSourceAddresses(t *testing.T) {
 			t.Errorf("peer %s outside the source net", ip)
 		}
 	}
-	if snap.DistinctIPs != 40 {
-		t.Errorf("recorder counted %d addresses", snap.DistinctIPs)
+	purchases := 0
+	for _, n := range s.bought {
+		purchases += n
 	}
-	// Half the users sit behind the one hot address (40/100 → 1): it must
-	// carry far more purchases than any other.
-	hot := s.peers["127.3.0.1"]
-	for ip, n := range s.peers {
+	if purchases != 400 {
+		t.Fatalf("%d purchase requests, want the plan's 400", purchases)
+	}
+	// The recorder counts the addresses purchases used: users are drawn at
+	// random, so one of the 39 cold addresses may have drawn none of the 400
+	// (about one run in five); the server counts the same addresses.
+	if snap.DistinctIPs != int64(len(s.bought)) {
+		t.Errorf("recorder counted %d addresses, the server saw purchases from %d", snap.DistinctIPs, len(s.bought))
+	}
+	// Half the users sit behind the one hot address (40/100 → 1), the other
+	// half spread over the other 39.
+	const hotUsers = 250 // HotShare × Users
+	for user, ip := range s.buyers {
+		i, err := strconv.Atoi(strings.TrimPrefix(user, cfg.UserPrefix))
+		if err != nil {
+			t.Fatalf("user %q", user)
+		}
+		switch hot := i < hotUsers; {
+		case ip == "*":
+			t.Errorf("user %s sent from two addresses", user)
+		case hot && ip != "127.3.0.1":
+			t.Errorf("hot user %s sent from %s, want the hot address", user, ip)
+		case !hot && ip == "127.3.0.1":
+			t.Errorf("user %s sent from the hot address", user)
+		}
+	}
+	// So the hot address carries about half the purchases (200 ± 10), any
+	// other about 400/500 × 6.4 users ≈ 5.
+	hot := s.bought["127.3.0.1"]
+	for ip, n := range s.bought {
 		if ip != "127.3.0.1" && n*4 > hot {
-			t.Errorf("hot address carried %d requests, %s carried %d", hot, ip, n)
+			t.Errorf("hot address carried %d purchases, %s carried %d", hot, ip, n)
 		}
 	}
 }
@@ -157,6 +199,11 @@ func TestForwardedFor(t *testing.T) {
 	cfg := baseConfig("http://" + addr)
 	cfg.Sources, _ = SourceAddrs("127.4.0.0/24", 10)
 	cfg.ForwardedFor = true
+	// A fixed plan of 400 purchases (open loop): each of the 10 addresses
+	// is drawn by a tenth of the users, so one is missed in a run with
+	// odds 10 × 0.9^400 (about 5e-18); a closed loop's short timed rush on
+	// a stalled machine sent few enough purchases to miss one.
+	cfg.Rate = 1000
 	run(t, cfg)
 	if len(s.peers) != 1 {
 		t.Errorf("%d peers, want only the default address", len(s.peers))
@@ -203,20 +250,24 @@ func TestRetrySameKey(t *testing.T) {
 	}
 }
 
-// Sold-out answers are classed as such and fall in the tail once stock is gone.
+// Sold-out answers are classed as such and fall in the tail once stock is
+// gone. A fixed plan (open loop: 300 purchases meant for the rush, 100 for
+// the tail, each counted in the phase it was meant for): a closed loop's
+// 100ms tail held no request at all when a loaded machine stalled it.
 func TestSoldOutTail(t *testing.T) {
 	s := newShop(20)
 	cfg := baseConfig(serve(t, s))
+	cfg.Rate = 1000
 	snap := run(t, cfg).Snapshot()
 	if got := snap.Classes[Accepted].Count(); got != 20 {
 		t.Errorf("%d accepted, want 20", got)
 	}
-	if snap.Classes[SoldOut].Count() == 0 {
-		t.Error("no sold-out answers recorded")
+	if got := snap.Classes[SoldOut].Count(); got != 400-20 {
+		t.Errorf("%d sold-out answers recorded, want the 380 purchases after the 20 units", got)
 	}
 	tail := snap.Phases[Tail]
-	if tail.Requests == 0 || tail.Classes[SoldOut] != tail.Requests {
-		t.Errorf("tail: %d requests, %d sold out", tail.Requests, tail.Classes[SoldOut])
+	if tail.Requests != 100 || tail.Classes[SoldOut] != tail.Requests {
+		t.Errorf("tail: %d requests, %d sold out; want 100 sold out", tail.Requests, tail.Classes[SoldOut])
 	}
 	if snap.Phases[Warmup].Requests == 0 {
 		t.Error("warm-up sent nothing")

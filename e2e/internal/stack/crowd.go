@@ -50,6 +50,9 @@ type Crowd struct {
 	// verifier's ledger checks every 202 of a key). Re-sends are appended
 	// to Attempts when Run returns.
 	Resend int
+	// OnAnswer, when set, is called (concurrently) with every answer as it
+	// arrives, in the form of Attempt.Answers: for timelines of a fault.
+	OnAnswer func(answer string)
 
 	done   atomic.Int64
 	mu     sync.Mutex
@@ -146,6 +149,9 @@ func (c *Crowd) attempt(client *http.Client, backends []*Proc, i int, a *Attempt
 			a.Answers = append(a.Answers, fmt.Sprintf("%d %s", status, code))
 		} else {
 			a.Answers = append(a.Answers, fmt.Sprint(status))
+		}
+		if c.OnAnswer != nil {
+			c.OnAnswer(a.Answers[len(a.Answers)-1])
 		}
 		retry := err != nil || status == http.StatusServiceUnavailable || status == http.StatusBadGateway
 		if !retry || a.Key == "" {

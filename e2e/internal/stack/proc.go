@@ -89,6 +89,12 @@ type Proc struct {
 	args      []string
 	env       []string
 	log       string
+	// listen names the environment variables of the listen addresses (Addr,
+	// then AdminAddr) the stack picks for the process (Serves); bound is set
+	// once a start bound them, from then on restarts keep them.
+	listen []string
+	bound  bool
+	pick   func(testing.TB) string // FreeAddr; a test's own to force a lost port
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -96,6 +102,8 @@ type Proc struct {
 	err    error // of the last exit
 	file   *os.File
 	starts int
+	extra  []string // the extra environment of the last start
+	mark   int64    // offset in the log where the current start's output begins
 }
 
 // NewProc prepares a process; Start runs it. It is stopped (SIGTERM, then
@@ -115,8 +123,60 @@ func NewProc(t testing.TB, bin, name, addr, logDir string, env []string, args ..
 	return p
 }
 
+// Serves makes the stack pick the process's listen addresses: keys are the
+// environment variables that set them, for Addr and then AdminAddr. The first
+// Start takes fresh addresses; WaitReady retries a first start that lost one
+// of them to another process (a port is only probed free, then bound by the
+// child seconds later) with fresh ones, and confirms from the log that the
+// process bound its own addresses before it asks them for readiness, so that
+// a port taken by someone else's server is never mistaken for this process.
+func (p *Proc) Serves(t testing.TB, keys ...string) *Proc {
+	t.Helper()
+	if len(keys) == 0 || len(keys) > 2 {
+		t.Fatalf("%s: Serves takes the variables of Addr and optionally AdminAddr, got %v", p.Name, keys)
+	}
+	p.listen, p.pick = keys, FreeAddr
+	return p
+}
+
+// listenEnv picks fresh addresses on the process's first start (and after a
+// start that lost one); otherwise it names the ones it has.
+func (p *Proc) listenEnv(t testing.TB, fresh bool) []string {
+	t.Helper()
+	if len(p.listen) == 0 {
+		return nil
+	}
+	if fresh {
+		p.Addr, p.AdminAddr = p.pick(t), ""
+		if len(p.listen) == 2 {
+			p.AdminAddr = p.pick(t)
+		}
+	}
+	env := []string{p.listen[0] + "=" + p.Addr}
+	if len(p.listen) == 2 {
+		env = append(env, p.listen[1]+"="+p.AdminAddr)
+	}
+	return env
+}
+
+// addrs are the listen addresses the process must bind.
+func (p *Proc) addrs() []string {
+	if p.AdminAddr != "" && len(p.listen) == 2 {
+		return []string{p.Addr, p.AdminAddr}
+	}
+	return []string{p.Addr}
+}
+
 // Start runs the process with extra environment variables (later ones win).
 func (p *Proc) Start(t testing.TB, extraEnv ...string) {
+	t.Helper()
+	p.mu.Lock()
+	fresh := len(p.listen) > 0 && !p.bound
+	p.mu.Unlock()
+	p.start(t, fresh, extraEnv)
+}
+
+func (p *Proc) start(t testing.TB, fresh bool, extraEnv []string) {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -134,8 +194,12 @@ func (p *Proc) Start(t testing.TB, extraEnv ...string) {
 	}
 	p.starts++
 	fmt.Fprintf(p.file, "=== start %d of %s\n", p.starts, p.Name)
+	if fi, err := p.file.Stat(); err == nil {
+		p.mark = fi.Size()
+	}
+	p.extra = append([]string(nil), extraEnv...)
 	cmd := exec.Command(p.bin, p.args...)
-	cmd.Env = append(append([]string{}, p.env...), extraEnv...)
+	cmd.Env = append(append(append([]string{}, p.env...), p.listenEnv(t, fresh)...), extraEnv...)
 	cmd.Stdout, cmd.Stderr = p.file, p.file
 	servicetest.Must(t, cmd.Start(), "start %s", p.Name)
 	exited := make(chan struct{})
@@ -243,27 +307,93 @@ func (p *Proc) Stop(grace time.Duration) error {
 	}
 }
 
-// Env is the environment the process starts with.
-func (p *Proc) Env() []string { return p.env }
-
 // URL is http://Addr.
 func (p *Proc) URL() string { return "http://" + p.Addr }
 
-// WaitReady polls path (e.g. "/readyz") until it answers 200.
+// WaitReady polls path (e.g. "/readyz") until it answers 200: on the admin
+// listener when the process has one, else on Addr.
 func (p *Proc) WaitReady(t testing.TB, path string) {
 	t.Helper()
+	if len(p.listen) > 0 {
+		p.waitBound(t)
+	}
+	url := p.URL()
+	if p.AdminAddr != "" {
+		url = "http://" + p.AdminAddr
+	}
 	c := &http.Client{Timeout: 2 * time.Second}
 	WaitFor(t, p.Name+path, 2*time.Minute, func() bool {
 		if !p.Running() {
 			t.Fatalf("%s exited while waiting for %s", p.Name, path)
 		}
-		r, err := c.Get(p.URL() + path)
+		r, err := c.Get(url + path)
 		if err != nil {
 			return false
 		}
 		_ = r.Body.Close()
 		return r.StatusCode == http.StatusOK
 	})
+}
+
+// addrInUse is how the binaries' "listen ADDR: ..." error ends when another
+// process holds the port.
+const addrInUse = "address already in use"
+
+// waitBound waits until the current start logged the addresses it bound
+// (each binary logs its listeners' addresses once they listen). A start that
+// lost a port is started again: with fresh addresses when no start has bound
+// them yet, else on the same ones (a restart must keep its address: the
+// proxies and the test point at it) once the holder let go, within a bound.
+func (p *Proc) waitBound(t testing.TB) {
+	t.Helper()
+	const tries = 20
+	for try := 1; ; try++ {
+		var out string
+		WaitFor(t, p.Name+" listening", 2*time.Minute, func() bool {
+			running := p.Running()
+			out = p.currentLog()
+			if !running {
+				return true
+			}
+			for _, a := range p.addrs() {
+				if !strings.Contains(out, `"`+a+`"`) {
+					return false
+				}
+			}
+			return true
+		})
+		running := p.Running()
+		p.mu.Lock()
+		p.bound = p.bound || running
+		bound := p.bound
+		p.mu.Unlock()
+		if running || !strings.Contains(out, addrInUse) {
+			return // bound, or exited for another reason (WaitReady reports it)
+		}
+		if try == tries {
+			t.Fatalf("%s: lost its listen port %d times in a row: %s", p.Name, tries, tail([]byte(out), 400))
+		}
+		t.Logf("%s: a listen address was taken before the process bound it (%v); starting it again", p.Name, p.addrs())
+		if bound {
+			time.Sleep(250 * time.Millisecond)
+		}
+		p.mu.Lock()
+		extra := p.extra
+		p.mu.Unlock()
+		p.start(t, !bound, extra)
+	}
+}
+
+// currentLog is what the current start wrote so far.
+func (p *Proc) currentLog() string {
+	p.mu.Lock()
+	mark := p.mark
+	p.mu.Unlock()
+	b, _ := os.ReadFile(p.log)
+	if int64(len(b)) < mark {
+		return ""
+	}
+	return string(b[mark:])
 }
 
 // LogText is what the process wrote so far.
@@ -283,15 +413,29 @@ func tail(b []byte, n int) string {
 // taken below the kernel's ephemeral range (32768 and up here): a process
 // killed and restarted on the same port must not find it taken by one of the
 // machine's outgoing connections, which only ever get ephemeral ports.
+//
+// The port is claimed until the test ends, for every test process on the
+// machine (an abstract unix socket named after it, which the kernel frees
+// with its holder): the e2e packages run in parallel, each test's child binds
+// its port seconds after the probe, and a killed process is restarted on the
+// same port, so a probe alone would hand one port to two tests.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	for range 200 {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+rand.IntN(12000)))
-		ln, err := net.Listen("tcp", addr)
-		if err == nil {
-			_ = ln.Close()
-			return addr
+	for range 500 {
+		port := 20000 + rand.IntN(12000)
+		claim, err := net.Listen("unix", "@seckill-test-port-"+strconv.Itoa(port))
+		if err != nil {
+			continue // another test holds it
 		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			_ = claim.Close()
+			continue
+		}
+		_ = ln.Close()
+		t.Cleanup(func() { _ = claim.Close() })
+		return addr
 	}
 	t.Fatal("no free port between 20000 and 32000")
 	return ""

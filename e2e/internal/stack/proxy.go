@@ -23,13 +23,11 @@ func (s *Stack) StartProxy(t testing.TB, name, config string) *Proc {
 	for i, b := range s.Backends {
 		ups[i] = b.URL()
 	}
-	addr, admin := FreeAddr(t), FreeAddr(t)
-	env := append(append([]string{}, s.Env...), conf.EnvProxyListen+"="+addr, conf.EnvProxyAdminListen+"="+admin,
-		conf.EnvProxyUpstreams+"="+strings.Join(ups, ","))
-	p := NewProc(t, Binary(t, "proxy"), name, admin, s.Dir, env, "-config", path)
+	env := append(append([]string{}, s.Env...), conf.EnvProxyUpstreams+"="+strings.Join(ups, ","))
+	p := NewProc(t, Binary(t, "proxy"), name, "", s.Dir, env, "-config", path).
+		Serves(t, conf.EnvProxyListen, conf.EnvProxyAdminListen)
 	p.Start(t)
 	p.WaitReady(t, "/readyz")
-	p.AdminAddr, p.Addr = admin, addr
 	s.Proxies = append(s.Proxies, p)
 	return p
 }

@@ -70,6 +70,10 @@ type Options struct {
 	AMQPURL string
 	// RedisURL is a Redis of the test's own ("" for the shared one).
 	RedisURL string
+	// Partitions is [rabbitmq] partitions (0: the default, 1).
+	Partitions int
+	// WorkerEnv is added to the environment of worker i (every run).
+	WorkerEnv map[int][]string
 }
 
 // Stack is one isolated deployment.
@@ -80,7 +84,7 @@ type Stack struct {
 	ConfigPath string
 	DSN        string
 	DB         *sql.DB
-	Redis      *redis.Client
+	Redis      redis.UniversalClient
 	RedisURL   string
 	Prefix     string // Redis key prefix
 	AMQPPrefix string
@@ -114,7 +118,7 @@ func New(t testing.TB, o Options) *Stack {
 	} else {
 		s.AMQPPrefix = servicetest.Name(t) // an own broker goes with the test
 	}
-	s.Topo = broker.TopologyFor(conf.RabbitMQ{Prefix: s.AMQPPrefix, DeliveryLimit: conf.Default().RabbitMQ.DeliveryLimit})
+	s.Topo = broker.TopologyFor(conf.RabbitMQ{Prefix: s.AMQPPrefix, DeliveryLimit: conf.Default().RabbitMQ.DeliveryLimit, Partitions: o.Partitions})
 	s.Res = reservation.New(s.Redis, s.Prefix)
 	s.ConfigPath = filepath.Join(s.Dir, "seckill.toml")
 	servicetest.Must(t, os.WriteFile(s.ConfigPath, []byte(o.Config), 0o644), "config")
@@ -125,6 +129,7 @@ func New(t testing.TB, o Options) *Stack {
 		conf.EnvAMQPURL+"="+s.AMQPURL,
 		conf.EnvAMQPQueuePrefix+"="+s.AMQPPrefix,
 		conf.EnvAdminToken+"="+AdminToken,
+		conf.EnvAMQPPartitions+"="+strconv.Itoa(s.Topo.Partitions),
 	)
 	s.HTTP = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
 	t.Cleanup(s.HTTP.CloseIdleConnections)
@@ -132,16 +137,14 @@ func New(t testing.TB, o Options) *Stack {
 
 	backend, worker := Binary(t, "backend"), Binary(t, "worker")
 	for i := range o.Backends {
-		addr := FreeAddr(t)
-		p := NewProc(t, backend, fmt.Sprintf("backend-%d", i), addr, s.Dir,
-			append(append([]string{}, s.Env...), conf.EnvBackendListen+"="+addr), "-config", s.ConfigPath)
+		p := NewProc(t, backend, fmt.Sprintf("backend-%d", i), "", s.Dir, s.Env, "-config", s.ConfigPath).
+			Serves(t, conf.EnvBackendListen)
 		p.Start(t, o.BackendEnv[i]...)
 		s.Backends = append(s.Backends, p)
 	}
 	for i := range o.Workers {
-		addr := FreeAddr(t)
-		p := NewProc(t, worker, fmt.Sprintf("worker-%d", i), addr, s.Dir,
-			append(append([]string{}, s.Env...), conf.EnvWorkerListen+"="+addr), "-config", s.ConfigPath)
+		p := NewProc(t, worker, fmt.Sprintf("worker-%d", i), "", s.Dir, append(append([]string{}, s.Env...), o.WorkerEnv[i]...),
+			"-config", s.ConfigPath).Serves(t, conf.EnvWorkerListen)
 		s.Workers = append(s.Workers, p)
 	}
 	for _, p := range s.Backends {
@@ -212,6 +215,24 @@ func (s *Stack) CreateSale(t testing.TB, id, stock, limit int64) Sale {
 	return Sale{ID: id, Stock: stock, Limit: limit}
 }
 
+// PartitionDepth is the number of ready messages in partition i's queue.
+func (s *Stack) PartitionDepth(t testing.TB, i int) (int, error) {
+	conn, err := amqp.Dial(s.AMQPURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	q, err := ch.QueueDeclarePassive(s.Topo.PartitionQueue(i), true, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	return q.Messages, nil
+}
+
 // QueueDepth returns the ready and unacknowledged messages of the order queue
 // (unacknowledged: consumers counted by the broker; RabbitMQ's passive declare
 // reports ready messages only, so the drain also waits for Redis).
@@ -225,11 +246,15 @@ func (s *Stack) QueueDepth(t testing.TB) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	q, err := ch.QueueDeclarePassive(s.Topo.Queue, true, false, false, false, nil)
-	if err != nil {
-		return 0, err
+	n := 0
+	for _, name := range s.Topo.OrderQueues() {
+		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		if err != nil {
+			return 0, err
+		}
+		n += q.Messages
 	}
-	return q.Messages, nil
+	return n, nil
 }
 
 // DeadLetters counts the messages in the dead-letter queue.

@@ -24,7 +24,7 @@ func (s *Stack) Drain(t testing.TB, sale Sale, accepted []*Attempt) {
 		ids = append(ids, a.OrderID)
 	}
 	d := &verify.Drainer{DB: s.DB, Redis: s.Redis, Prefix: s.Prefix, AMQPURL: s.AMQPURL,
-		Queue: s.Topo.Queue, DeadQueue: s.Topo.DeadQueue, Accepted: ids}
+		Queue: s.Topo.Queue, Partitions: s.Topo.OrderQueues()[1:], DeadQueue: s.Topo.DeadQueue, Accepted: ids}
 	res, err := d.Wait(context.Background(), sale.ID, 2*time.Minute, nil)
 	if err != nil {
 		t.Fatalf("drain: %v", err)

@@ -46,7 +46,7 @@ func WithTrace(fn func(policy, client string, redisMicros int64)) Option {
 }
 
 // New wires a proxy instance from a validated configuration.
-func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger, opts ...Option) (*Proxy, error) {
+func New(cfg conf.Config, rdb redis.UniversalClient, log *slog.Logger, opts ...Option) (*Proxy, error) {
 	reg := metrics.NewRegistry("proxy")
 	lm := limiter.NewMetrics(reg)
 	id, err := identity.New(cfg.Proxy.TrustedProxies, cfg.Proxy.IPv6Prefix)
@@ -58,7 +58,7 @@ func New(cfg conf.Config, rdb *redis.Client, log *slog.Logger, opts ...Option) (
 	host, _ := os.Hostname()
 	inst := limiter.FormatInstance(host, binary.LittleEndian.Uint64(rnd[:]))
 	lc := limiter.Config{Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Timeout: cfg.Proxy.RedisTimeout.Duration,
-		Instance: inst, Metrics: lm, Log: log}
+		Instance: inst, MaxClientStates: cfg.Proxy.MaxClientStates, Metrics: lm, Log: log}
 	for _, o := range opts {
 		o(&lc)
 	}
@@ -103,12 +103,13 @@ func (p *Proxy) Reload(c conf.Proxy) error {
 	p.Handler.SetRules(rs)
 	p.Handler.SetGate(gate)
 	p.Handler.ReadCache.SetRules(c.Rules)
+	p.Handler.Limiter.SetMaxClientStates(c.MaxClientStates)
 	return nil
 }
 
 // WatchStockEvents makes the sold-out cache and the read cache forget an
 // activity on news about it, until ctx ends (see internal/soldout.Watch).
-func (p *Proxy) WatchStockEvents(ctx context.Context, rdb *redis.Client, log *slog.Logger, ready chan<- struct{}) {
+func (p *Proxy) WatchStockEvents(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger, ready chan<- struct{}) {
 	p.Handler.SoldOut.Subscribe(ctx, rdb, p.cfg.Redis.KeyPrefix, log, ready, p.Handler.ReadCache)
 }
 

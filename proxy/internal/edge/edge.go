@@ -71,7 +71,8 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	method, path := ctx.Method(), requestPath(ctx)
 	// Before everything else: a denied path or a refused token costs no
 	// limiter slot, and limits key on the identity the gate established.
-	if !h.guard(ctx, method, path) {
+	verified, ok := h.guard(ctx, method, path)
+	if !ok {
 		return
 	}
 
@@ -114,8 +115,10 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	defer h.pool.Put(s)
 	s.d.Reset()
 	s.key = h.clientKey(ctx, s.key[:0])
-	// Keyed windows read the request's headers as they stand here.
-	h.Limiter.Check(h.rules.Load(), limiter.Request{Method: method, Path: path, Addr: s.key, Header: &ctx.Request.Header}, &s.d)
+	// Keyed windows read the request's headers as they stand here, when a
+	// trusted peer or the gate's verification vouches for them.
+	h.Limiter.Check(h.rules.Load(), limiter.Request{Method: method, Path: path, Addr: s.key, Header: &ctx.Request.Header,
+		Trusted: h.Identity.Trusted(peerAddr(ctx)), Verified: verified}, &s.d)
 	switch s.d.Outcome {
 	case limiter.Limited:
 		h.limited(ctx, &s.d, s)
@@ -394,4 +397,6 @@ func RegisterGauges(reg prometheus.Registerer, l *limiter.Limiter) {
 		return 0
 	})
 	gauge("seckill_proxy_live_instances", "Live proxy instances as last seen in Redis.", func() float64 { return float64(l.Live()) })
+	gauge("seckill_proxy_client_states", "Per-client window states in memory (all rules; each rule keeps at most max_client_states).",
+		func() float64 { return float64(l.ClientStates()) })
 }

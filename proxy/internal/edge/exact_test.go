@@ -324,6 +324,7 @@ func TestGlobalExactInstances(t *testing.T) {
 					pxs = append(pxs, startProxy(t, cfg, WithTrace(st.trace)))
 				}
 				var clients sync.Map
+				var offered atomic.Int64 // requests the floods sent
 				flood := func(d time.Duration) {
 					var wg sync.WaitGroup
 					end := time.Now().Add(d)
@@ -335,6 +336,7 @@ func TestGlobalExactInstances(t *testing.T) {
 								ip := fmt.Sprintf("198.51.%d.%d", g, i%60)
 								clients.Store(ip, true)
 								get(t, c, "GET", "/item", "X-Forwarded-For", ip, "X-Test-Client", ip)
+								offered.Add(1)
 							}
 						})
 					}
@@ -368,7 +370,7 @@ func TestGlobalExactInstances(t *testing.T) {
 				defer st.mu.Unlock()
 				gw, at := worst(st.us, W)
 				admitted := up.hits.Load()
-				t.Logf("%d instances, %s: admitted %d, worst %v interval %d (at %d), limit %d", n, shape, admitted, W, gw, at, L)
+				t.Logf("%d instances, %s: offered %d, admitted %d, worst %v interval %d (at %d), limit %d", n, shape, offered.Load(), admitted, W, gw, at, L)
 				if gw > L {
 					t.Fatalf("an interval of %v admitted %d > global limit %d", W, gw, L)
 				}
@@ -391,10 +393,13 @@ func TestGlobalExactInstances(t *testing.T) {
 				if perClient != int(admitted) {
 					t.Fatalf("per-client admissions %d, upstream saw %d", perClient, admitted)
 				}
-				// Each flood offers far more than L per window: all but one
-				// window's worth is admitted (leases under-admit briefly).
-				if want := (floods - 1) * L; int(admitted) < want {
-					t.Fatalf("admitted only %d over %d flooded windows of limit %d, want at least %d", admitted, floods, L, want)
+				// All but one window's worth of what the floods could admit
+				// is admitted (leases under-admit briefly). That is
+				// floods×L when they offer more, as on a quiet box; a loaded
+				// box (-race, 2 cores) may send fewer than L a window, and
+				// then it is what they offered.
+				if want := min(floods*L, int(offered.Load())) - L; int(admitted) < want {
+					t.Fatalf("admitted only %d of %d offered over %d flooded windows of limit %d, want at least %d", admitted, offered.Load(), floods, L, want)
 				}
 			})
 		}

@@ -89,7 +89,7 @@ func startUpstream(t *testing.T) *upstream {
 type proxyUnderTest struct {
 	addr string
 	p    *Proxy
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 }
 
 // startProxy runs one proxy instance on random ports, with its own Redis
@@ -97,7 +97,7 @@ type proxyUnderTest struct {
 func startProxy(t *testing.T, cfg conf.Config, opts ...Option) *proxyUnderTest {
 	t.Helper()
 	servicetest.Must(t, cfg.Validate(), "config")
-	rdb := redis.NewClient(cfg.Redis.Options())
+	rdb := cfg.Redis.NewClient()
 	t.Cleanup(func() { _ = rdb.Close() })
 	log := slog.New(slog.DiscardHandler)
 	if os.Getenv("SECKILL_TEST_LOG") != "" {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/proxy/internal/access"
+	"github.com/seckill/seckill/proxy/internal/limiter"
 	"github.com/seckill/seckill/proxy/internal/token"
 )
 
@@ -18,6 +19,9 @@ import (
 type Gate struct {
 	Policy *access.Policy
 	JWT    *token.Verifier // nil: no JWT identity
+	// Verified: what a valid token vouches for — the X-User-ID set from it
+	// and the header or cookie that carried it — for keyed windows.
+	Verified *limiter.Verified
 }
 
 // NewGate compiles the access keys of a [proxy] section and reads its JWT key.
@@ -30,6 +34,12 @@ func NewGate(c conf.Proxy) (*Gate, error) {
 	if c.Identity.JWT != nil {
 		if g.JWT, err = token.New(*c.Identity.JWT); err != nil {
 			return nil, err
+		}
+		g.Verified = &limiter.Verified{Headers: [][]byte{hdrUserID}}
+		if name := g.JWT.HeaderName(); name != nil {
+			g.Verified.Headers = append(g.Verified.Headers, name)
+		} else {
+			g.Verified.Cookies = [][]byte{g.JWT.CookieName()}
 		}
 	}
 	return g, nil
@@ -61,15 +71,16 @@ var hdrUserID = []byte("X-User-Id") // as fasthttp normalizes X-User-ID
 
 // guard runs the gate on a request: a denied path is answered 404 unless
 // a rule allows the client; a client-sent X-User-ID from an untrusted peer is
-// dropped; a verified JWT sets X-User-ID to its claim; a rule that requires
-// one answers 401 without it. It returns false when it answered.
-func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) bool {
+// dropped; a verified JWT sets X-User-ID to its claim (verified then names
+// what it vouches for); a rule that requires one answers 401 without it. ok
+// is false when it answered.
+func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) (verified *limiter.Verified, ok bool) {
 	g := h.gate.Load()
 	peer := peerAddr(ctx)
 	if g.Policy.Denied(path) && !g.Policy.Allowed(method, path, h.clientAddr(ctx, peer)) {
 		h.Security.Denied.Inc()
 		problem(ctx, fasthttp.StatusNotFound, "not-found", "Not found", "no such resource")
-		return false
+		return nil, false
 	}
 	rh := &ctx.Request.Header
 	if !h.Identity.Trusted(peer) && len(rh.PeekCanonical(hdrUserID)) > 0 {
@@ -77,7 +88,7 @@ func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) bool {
 		rh.DelBytes(hdrUserID)
 	}
 	if g.JWT == nil {
-		return true
+		return nil, true
 	}
 	src := token.Source{}
 	if name := g.JWT.HeaderName(); name != nil {
@@ -90,14 +101,14 @@ func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) bool {
 	case err == nil:
 		h.Security.JWT.Valid.Inc()
 		rh.SetCanonical(hdrUserID, []byte(user))
-		return true
+		return g.Verified, true
 	case errors.Is(err, token.ErrMissing):
 		h.Security.JWT.Missing.Inc()
 	default:
 		h.Security.JWT.Invalid.Inc()
 	}
 	if !g.Policy.RequireJWT(method, path) {
-		return true
+		return nil, true
 	}
 	h.Security.JWT.Refused.Inc()
 	challenge := `Bearer realm="seckill"`
@@ -108,7 +119,7 @@ func (h *Handler) guard(ctx *fasthttp.RequestCtx, method, path []byte) bool {
 	}
 	ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, challenge)
 	problem(ctx, fasthttp.StatusUnauthorized, "unauthorized", "Unauthorized", detail)
-	return false
+	return nil, false
 }
 
 // peerAddr is the TCP peer's address (0.0.0.0 when unknown).

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -277,4 +278,74 @@ func counted(c prometheus.Counter) int {
 		return -1
 	}
 	return int(m.GetCounter().GetValue())
+}
+
+// Keyed windows count by a header or cookie only when someone vouches for
+// its value: a trusted peer (TestKeyedWindows), or the proxy's own JWT
+// verification for the X-User-ID it set and the token's header. From an
+// untrusted peer a made-up value per request counts by the address, and so
+// does any other header of a verified request.
+func TestKeyedWindowsNeedVouching(t *testing.T) {
+	t.Parallel()
+	const secret = "jwt-secret-for-the-keyed-window-test-0123"
+	up := startUpstream(t)
+	cfg := baseConfig(t, up.addr) // no trusted proxies: the test's peer is not one
+	cfg.Proxy.RedisTimeout = conf.D(2 * time.Second)
+	cfg.Proxy.Identity.JWT = &conf.JWT{Header: "Authorization", Alg: "HS256", KeyFile: writeSecret(t, secret), Claim: "sub", Issuer: "shop"}
+	keyed := func(name, prefix, key string, limit int) conf.Rule {
+		r := rule(name, limit, 0, 10*time.Second)
+		r.PathPrefix, r.PerIP.Key = prefix, key
+		return r
+	}
+	cfg.Proxy.Rules = []conf.Rule{
+		keyed("apikey", "/apikey/", "header:X-Api-Key", 3),
+		keyed("user", "/user/", "header:X-User-ID", 2),
+		keyed("token", "/token/", "header:Authorization", 2),
+	}
+	px := startProxy(t, cfg)
+	c := client(px.addr)
+	admitted := func(n int, path string, hdr func(i int) []string) int {
+		ok := 0
+		for i := range n {
+			r := get(t, c, "GET", path, hdr(i)...)
+			switch r.StatusCode() {
+			case 200:
+				ok++
+			case 429:
+			default:
+				t.Fatalf("%s: %d %s", path, r.StatusCode(), r.Body())
+			}
+		}
+		return ok
+	}
+	alice, bob := hsToken(t, secret, "alice", time.Now().Add(time.Hour)), hsToken(t, secret, "bob", time.Now().Add(time.Hour))
+	// A new X-Api-Key per request from an untrusted peer: the address's 3.
+	if n := admitted(8, "/apikey/x", func(i int) []string { return []string{"X-Api-Key", fmt.Sprint("made-up-", i)} }); n != 3 {
+		t.Fatalf("made-up X-Api-Key values from an untrusted peer: %d admitted, want 3 (counted by the address)", n)
+	}
+	// ... and with a verified token too: the token vouches for X-User-ID,
+	// not for X-Api-Key (the address's window is spent).
+	if n := admitted(3, "/apikey/x", func(i int) []string {
+		return []string{"Authorization", "Bearer " + alice, "X-Api-Key", fmt.Sprint("other-", i)}
+	}); n != 0 {
+		t.Fatalf("made-up X-Api-Key with a verified token: %d admitted, want 0 (the address's window)", n)
+	}
+	// Verified users: each their own window of 2, from one address.
+	for _, tok := range []string{alice, bob} {
+		if n := admitted(4, "/user/x", func(int) []string { return []string{"Authorization", "Bearer " + tok} }); n != 2 {
+			t.Fatalf("verified user: %d admitted, want 2 (its own window)", n)
+		}
+	}
+	// No token: a client-sent X-User-ID is dropped; the address counts.
+	if n := admitted(4, "/user/x", func(i int) []string { return []string{"X-User-ID", fmt.Sprint("mallory-", i)} }); n != 2 {
+		t.Fatalf("client-sent X-User-IDs without a token: %d admitted, want 2 (the address's window)", n)
+	}
+	// The token's own header is vouched for once it verified; an invalid
+	// one is not (counted by the address).
+	if n := admitted(3, "/token/x", func(int) []string { return []string{"Authorization", "Bearer " + alice} }); n != 2 {
+		t.Fatalf("verified token: %d admitted, want 2", n)
+	}
+	if n := admitted(4, "/token/x", func(i int) []string { return []string{"Authorization", fmt.Sprint("Bearer not.a.jwt", i)} }); n != 2 {
+		t.Fatalf("invalid tokens: %d admitted, want 2 (the address's window)", n)
+	}
 }

@@ -25,7 +25,7 @@ import (
 	"github.com/seckill/seckill/lua"
 )
 
-func hookedRedis(t *testing.T) (*redis.Client, string) {
+func hookedRedis(t *testing.T) (redis.UniversalClient, string) {
 	rdb, prefix := servicetest.Redis(t)
 	servicetest.Must(t, lua.RateLimit.Load(context.Background(), rdb).Err(), "load script")
 	return rdb, prefix
@@ -90,7 +90,7 @@ func chk(l *Limiter, rs *Rules, client string) Decision {
 	return d
 }
 
-func redisNowUS(t *testing.T, rdb *redis.Client) int64 {
+func redisNowUS(t *testing.T, rdb redis.UniversalClient) int64 {
 	tm, err := rdb.Time(context.Background()).Result()
 	servicetest.Must(t, err, "TIME")
 	return tm.UnixMicro()
@@ -138,7 +138,7 @@ func TestHeldLeaseNotSpentAfterScore(t *testing.T) {
 		}
 		chk(l, rs, fmt.Sprint("Y", i))
 	}
-	xs := rs.list[0].clients.get([]byte("a:X"), time.Now())
+	xs := rs.list[0].clients.lookup([]byte("a:X"))
 	xs.mu.Lock()
 	held := slotsOf(xs)
 	xs.mu.Unlock()
@@ -178,8 +178,9 @@ func TestHeldLeaseNotSpentAfterScore(t *testing.T) {
 // another instance admits a second request in a window of limit 1.
 func TestLostReplyKeptWhenFallbackAdmits(t *testing.T) {
 	rdb, prefix := hookedRedis(t)
-	opt := rdb.Options()
-	rdbA := redis.NewClient(opt)
+	rc := conf.Default().Redis
+	rc.URL = servicetest.RedisURL()
+	rdbA := rc.NewClient() // a second client of the same engine, hooked
 	t.Cleanup(func() { _ = rdbA.Close() })
 	var drop atomic.Bool
 	rdbA.AddHook(&hook{post: func(cmd redis.Cmder) {
@@ -189,7 +190,7 @@ func TestLostReplyKeptWhenFallbackAdmits(t *testing.T) {
 	}})
 	rules := []conf.Rule{{Name: "r", PathPrefix: "/", OnRedisError: "local",
 		PerIP: &conf.Window{Limit: 1, Window: conf.D(10 * time.Second)}}}
-	mk := func(c *redis.Client, id string) (*Limiter, *Rules) {
+	mk := func(c redis.UniversalClient, id string) (*Limiter, *Rules) {
 		m := NewMetrics(prometheus.NewRegistry())
 		rs, err := Compile(rules, prefix, m)
 		servicetest.Must(t, err, "compile")
@@ -527,5 +528,330 @@ func TestHeldGlobalLeaseSmallDelay(t *testing.T) {
 	t.Logf("c2 admitted %dms after its global slot's score; then %d admitted; span %dms", (admittedAt-maxScore)/1000, admitted, (end-admittedAt)/1000)
 	if end-admittedAt < W.Microseconds() && admitted > L {
 		t.Errorf("global window %d/%v admitted %d within %dms", L, W, admitted, (end-admittedAt)/1000)
+	}
+}
+
+// F6: a refusal names only windows that are really full. The last free slot
+// of window all-ip is a lease of this instance, taken by H, whose other
+// window (api-ip) is asked in a call held up in the hook; that call finds
+// api-ip full, so H is refused and puts the slot back. V needs only all-ip
+// and asks Redis meanwhile: "full". The window is not full — its missing
+// slot is held by an undecided request of this instance — so V must wait for
+// H to settle and be admitted with the slot H puts back, not be refused by
+// all-ip (TestCrossClientIsolation/two_rules failed this way under load).
+// V2 then finds the negative answer V's call left while H still holds the
+// slot: it must wait too. Both give up the slots they took of the global
+// window before they wait.
+func TestRefusalWaitsForHeldSlot(t *testing.T) {
+	rdb, prefix := hookedRedis(t)
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
+		if argsContain(args, "}:api") && !argsContain(args, "}:all") && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+		return 0
+	}})
+	const W = 10 * time.Second
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{
+		{Name: "all", PathPrefix: "/", OnRedisError: "closed", PerIP: &conf.Window{Limit: 5, Window: conf.D(W)},
+			Global: &conf.Window{Limit: 1000, Window: conf.D(W)}},
+		{Name: "api", PathPrefix: "/api/", OnRedisError: "closed", PerIP: &conf.Window{Limit: 3, Window: conf.D(W)}},
+	}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 5 * time.Second, Instance: "A", Metrics: m})
+	global := rs.list[0].global
+	check := func(path string) Decision {
+		var d Decision
+		l.Check(rs, Request{Method: []byte("POST"), Path: []byte(path), Addr: []byte("X")}, &d)
+		return d
+	}
+	ctx := context.Background()
+	allKey, apiKey := prefix+"{rl:a:X}:all", prefix+"{rl:a:X}:api"
+	// Requests of X that another instance B admitted.
+	var bSeq int
+	admittedByB := func(key string, n int) {
+		now := float64(redisNowUS(t, rdb))
+		for range n {
+			bSeq++
+			servicetest.Must(t, rdb.ZAdd(ctx, key, redis.Z{Score: now, Member: fmt.Sprint("B:1:1:", bSeq)}).Err(), "zadd")
+		}
+		servicetest.Must(t, rdb.Expire(ctx, key, time.Minute).Err(), "expire")
+	}
+	admittedByB(allKey, 2)
+	if d := check("/x"); d.Outcome != Admit {
+		t.Fatalf("R1: %v %v", d.Outcome, d.Violated)
+	}
+	all := rs.list[0].clients.lookup([]byte("a:X"))
+	all.mu.Lock()
+	leased := slotsOf(all)
+	all.mu.Unlock()
+	if leased != 1 {
+		t.Fatalf("all-ip: %d leased slots after R1, want 1 (free 3, lease cap free/2)", leased)
+	}
+	admittedByB(allKey, 1) // all-ip: 2 B + R1 + A's lease + 1 B = 5, full in Redis
+	admittedByB(apiKey, 3) // api-ip: full
+	if n := rdb.ZCard(ctx, allKey).Val(); n != 5 {
+		t.Fatalf("all-ip log holds %d, want 5", n)
+	}
+	armed.Store(true)
+	hDone := make(chan Decision)
+	go func() { hDone <- check("/api/x") }() // takes the lease, its api-ip call waits in the hook
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("H's api-ip call never came")
+	}
+	// V asks Redis (full), V2 then finds the negative answer V's call left.
+	// Each either answers at once (refused by a window that is not full) or
+	// waits for H's slot; H goes on only then.
+	var ds [2]Decision
+	early := [2]bool{}
+	dones := [2]chan Decision{make(chan Decision, 1), make(chan Decision, 1)}
+	for i := range 2 {
+		go func() { dones[i] <- check("/x") }()
+		for deadline := time.Now().Add(5 * time.Second); all.waiting.Load() <= int32(i) && !early[i]; {
+			select {
+			case ds[i] = <-dones[i]:
+				early[i] = true
+			case <-time.After(time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("V%d neither answered nor waited", i+1)
+			}
+		}
+	}
+	// A waiting request holds no slot (here: of the global window, which V
+	// and V2 took first): two requests each holding a slot of the other's
+	// missing window must not wait for each other. Only H holds one.
+	if n := global.held.Load(); !early[0] && !early[1] && n != 1 {
+		t.Errorf("all-global: %d slots held while V and V2 wait, want 1 (H's)", n)
+	}
+	close(release)
+	dH := <-hDone
+	for i := range 2 {
+		if !early[i] {
+			ds[i] = <-dones[i]
+		}
+	}
+	t.Logf("H: %v %v; V: %v %v, V2: %v %v (answered before H settled: %v)", dH.Outcome, dH.Violated,
+		ds[0].Outcome, ds[0].Violated, ds[1].Outcome, ds[1].Violated, early)
+	if dH.Outcome != Limited || len(dH.Violated) != 1 || dH.Violated[0] != "api-ip" {
+		t.Fatalf("H: %v %v, want refused by api-ip only", dH.Outcome, dH.Violated)
+	}
+	// H's slot is all-ip's last: one of V, V2 is admitted with it, and the
+	// other is refused by all-ip, full only then.
+	admitted := 0
+	for i, d := range ds {
+		switch {
+		case d.Outcome == Admit:
+			admitted++
+		case early[i]:
+			t.Errorf("V%d: %v %v before H settled; all-ip's last slot was held by H, which then gave it back: the window was not full", i+1, d.Outcome, d.Violated)
+		case d.Outcome != Limited || len(d.Violated) != 1 || d.Violated[0] != "all-ip":
+			t.Errorf("V%d: %v %v, want refused by all-ip once it is full", i+1, d.Outcome, d.Violated)
+		}
+	}
+	if admitted != 1 {
+		t.Errorf("%d of V, V2 admitted, want 1 (H's slot)", admitted)
+	}
+	if n := rdb.ZCount(ctx, allKey, fmt.Sprint(redisNowUS(t, rdb)-W.Microseconds()), "+inf").Val(); n > 5 {
+		t.Errorf("all-ip log holds %d, over its limit 5", n)
+	}
+	all.mu.Lock()
+	left := slotsOf(all)
+	all.mu.Unlock()
+	if left != 0 || all.held.Load() != 0 {
+		t.Errorf("all-ip: %d leased slots left, %d held, want 0 (H's slot spent by V or V2)", left, all.held.Load())
+	}
+}
+
+// F6b: the burst of TestCrossClientIsolation/two_rules at the limiter, with
+// every script call delayed by a random 0-2ms so that requests interleave
+// while they hold slots of each other's windows: every round of 15
+// concurrent requests of one client admits exactly 3 (api-ip), every
+// refusal names api-ip only, and no request runs out of time (a
+// hold-and-wait deadlock between two requests, or a livelock, would end in
+// errTimeout: 503 under on_redis_error = closed). It does not catch the
+// wrong refusal reliably (F6 does); it guards the wait against deadlocks.
+func TestTwoRulesBurstNamesFullWindow(t *testing.T) {
+	rdb, prefix := hookedRedis(t)
+	var jitter atomic.Uint64
+	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
+		if !argsContain(args, "{rl:") {
+			return 0
+		}
+		// A cheap deterministic spread (a hash of a counter), 0-2ms.
+		n := jitter.Add(1) * 0x9E3779B97F4A7C15
+		return time.Duration(n>>32%2000) * time.Microsecond
+	}})
+	const W = 10 * time.Second
+	m := NewMetrics(prometheus.NewRegistry())
+	big := &conf.Window{Limit: 100_000, Window: conf.D(W)}
+	rs, err := Compile([]conf.Rule{
+		{Name: "all", PathPrefix: "/", OnRedisError: "closed", PerIP: &conf.Window{Limit: 5, Window: conf.D(W)}, Global: big},
+		{Name: "api", PathPrefix: "/api/", OnRedisError: "closed", PerIP: &conf.Window{Limit: 3, Window: conf.D(W)}, Global: big},
+	}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 2 * time.Second, Instance: "A", Metrics: m})
+	l.SetRules(rs)
+	for round := 0; round < 40; round++ {
+		client := []byte(fmt.Sprint("bot", round))
+		var mu sync.Mutex
+		out := map[Outcome]int{}
+		var bad []string
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 15 {
+			wg.Go(func() {
+				<-start
+				var d Decision
+				l.Check(rs, Request{Method: []byte("POST"), Path: []byte("/api/v1/activities/1/purchase"), Addr: client}, &d)
+				mu.Lock()
+				out[d.Outcome]++
+				if d.Outcome == Limited && (len(d.Violated) != 1 || d.Violated[0] != "api-ip") {
+					bad = append(bad, fmt.Sprint(d.Violated))
+				}
+				mu.Unlock()
+			})
+		}
+		close(start)
+		wg.Wait()
+		if out[Admit] != 3 || out[Limited] != 12 || len(bad) > 0 {
+			t.Fatalf("round %d: admitted %d, limited %d, unavailable %d; refusals naming other than [api-ip]: %v",
+				round, out[Admit], out[Limited], out[Unavailable], bad)
+		}
+	}
+}
+
+// The per-client table never evicts a state a request is using: X's
+// request waits in its call (held in the hook) while a flood of new clients
+// fills a table of 64; X's state stays, and once admitted X's lease is
+// accounted (evicted later, given back).
+func TestEvictionSparesStatesInUse(t *testing.T) {
+	rdb, prefix := hookedRedis(t)
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
+		if argsContain(args, "{rl:a:X}") && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+		return 0
+	}})
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{{Name: "r", PathPrefix: "/", OnRedisError: "closed",
+		PerIP: &conf.Window{Limit: 5, Window: conf.D(10 * time.Second)}}}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 5 * time.Second, Instance: "A", Metrics: m, MaxClientStates: 64})
+	l.SetRules(rs)
+	tab := rs.list[0].clients
+	armed.Store(true)
+	xDone := make(chan Decision)
+	go func() { xDone <- chk(l, rs, "X") }()
+	<-entered
+	stX := tab.lookup([]byte("a:X"))
+	if stX == nil {
+		t.Fatal("X has no state while its request is in flight")
+	}
+	for i := range 2000 {
+		if d := chk(l, rs, fmt.Sprint("f", i)); d.Outcome != Admit {
+			t.Fatalf("flood client %d: %v", i, d.Outcome)
+		}
+	}
+	if got := tab.lookup([]byte("a:X")); got != stX {
+		t.Errorf("X's state was evicted while its request used it (now %p, was %p)", got, stX)
+	}
+	if n := tab.n.Load(); n > 64+1 {
+		t.Errorf("%d states, bound 64 (+1 in flight)", n)
+	}
+	close(release)
+	if d := <-xDone; d.Outcome != Admit {
+		t.Fatalf("X: %v %v", d.Outcome, d.Violated)
+	}
+	for i := range 2000 { // X idle now: evicted by the flood
+		chk(l, rs, fmt.Sprint("g", i))
+	}
+	if tab.lookup([]byte("a:X")) != nil {
+		t.Error("X's idle state was never evicted")
+	}
+	held := 0
+	tab.each(func(_ string, st *state) { st.mu.Lock(); held += slotsOf(st); st.mu.Unlock() })
+	if int64(held) != l.Outstanding() {
+		t.Errorf("%d leased slots outstanding, the table's states hold %d", l.Outstanding(), held)
+	}
+	l.Sweep(time.Now())
+	if n := rdb.ZCard(context.Background(), rs.Key(rs.list[0].Windows[0], []byte("a:X"))).Val(); n != 1 {
+		t.Errorf("X's log holds %d after its eviction and the sweep, want 1 (its lease given back)", n)
+	}
+}
+
+// A shadow pass does not wait for held slots: H holds the last slot of the
+// shadow window all-ip through its enforced pass (its call held in the
+// hook); V, matching only the shadow rule, is answered at once (tagged by
+// all-ip, advisory), not kept waiting for H.
+func TestShadowPassDoesNotWaitForHeld(t *testing.T) {
+	rdb, prefix := hookedRedis(t)
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	rdb.AddHook(&hook{pre: func(args []any) time.Duration {
+		if argsContain(args, "}:api") && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+		return 0
+	}})
+	const W = 10 * time.Second
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{
+		{Name: "all", PathPrefix: "/", OnRedisError: "closed", Shadow: true, PerIP: &conf.Window{Limit: 3, Window: conf.D(W)}},
+		{Name: "api", PathPrefix: "/api/", OnRedisError: "closed", PerIP: &conf.Window{Limit: 3, Window: conf.D(W)}},
+	}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 5 * time.Second, Instance: "A", Metrics: m})
+	check := func(path string) Decision {
+		var d Decision
+		l.Check(rs, Request{Method: []byte("POST"), Path: []byte(path), Addr: []byte("X")}, &d)
+		return d
+	}
+	// all-ip: R1 and its lease (free 3: a lease of 1), then one more
+	// request of another instance: full in Redis, the lease local.
+	if d := check("/x"); d.Outcome != Admit {
+		t.Fatalf("R1: %v", d.Outcome)
+	}
+	all := rs.list[0].clients.lookup([]byte("a:X"))
+	all.mu.Lock()
+	leased := slotsOf(all)
+	all.mu.Unlock()
+	if leased != 1 {
+		t.Fatalf("all-ip: %d leased slots after R1, want 1", leased)
+	}
+	ctx := context.Background()
+	key := prefix + "{rl:a:X}:all"
+	servicetest.Must(t, rdb.ZAdd(ctx, key, redis.Z{Score: float64(redisNowUS(t, rdb)), Member: "B:1:1:1"}).Err(), "zadd")
+	armed.Store(true)
+	hDone := make(chan Decision)
+	go func() { hDone <- check("/api/x") }() // the shadow pass takes the lease; the enforced call waits
+	<-entered
+	vDone := make(chan Decision, 1)
+	go func() { vDone <- check("/x") }()
+	var dV Decision
+	select {
+	case dV = <-vDone:
+	case <-time.After(2 * time.Second):
+		t.Error("V's shadow pass waited for H's held slot")
+		close(release)
+		dV = <-vDone
+		<-hDone
+		return
+	}
+	close(release)
+	if dV.Outcome != Admit || len(dV.Shadow) != 1 || dV.Shadow[0] != "all-ip" {
+		t.Errorf("V: %v shadow %v, want admitted, tagged all-ip", dV.Outcome, dV.Shadow)
+	}
+	if d := <-hDone; d.Outcome != Admit {
+		t.Fatalf("H: %v %v", d.Outcome, d.Violated)
 	}
 }

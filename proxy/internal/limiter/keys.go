@@ -15,10 +15,11 @@ const maxKeyInput = 4096
 // SHA-256(name, 0, value) for a header or cookie. Hashing keeps secrets such
 // as bearer tokens out of Redis, bounds the key's length, and keeps braces out
 // of the hash tag; the prefixes keep a header value from posing as an address.
-// A missing or empty header or cookie falls back to the address.
+// A missing or empty header or cookie falls back to the address, and so
+// does one nobody vouches for (Request.Trusted, Request.Verified).
 func appendClientKey(dst []byte, w *Window, req Request) []byte {
 	var v []byte
-	if w.Source != FromAddress && req.Header != nil {
+	if w.Source != FromAddress && req.Header != nil && (req.Trusted || req.Verified.covers(w)) {
 		if w.Source == FromHeader {
 			v = req.Header.PeekBytes(w.Name)
 		} else {

@@ -16,12 +16,16 @@
 //   - a negative cache answers a window that Redis reported full until the
 //     moment its next slot frees, and only that window: a local slot is
 //     spent first, and another window's fullness never refuses a request.
+//   - a window found full while slots of it are held by requests of this
+//     instance still being decided is not full yet: the request puts back
+//     what it holds and waits for them (waitSettled).
 //
 // While Redis is slow or down (per-call timeout, circuit breaker) each rule
 // does what its on_redis_error says; see Mode.
 package limiter
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -58,6 +62,7 @@ type Metrics struct {
 	ok, fail, skipped   prometheus.Counter
 	leaseHit, deniedHit prometheus.Counter
 	returned            prometheus.Counter
+	evicted             counterRef
 	decided             atomic.Uint64 // decisions that needed the limiter (for calls per decision)
 	called              atomic.Uint64 // script calls
 }
@@ -82,7 +87,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	hits := f("seckill_proxy_local_cache_hits_total", "Windows decided without Redis: from a leased slot or the negative cache.", "kind")
 	returned := prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_lease_returned_slots_total",
 		Help: "Leased slots not spent in time and given back to their window (the limiter's under-admission)."})
-	reg.MustRegister(m.latency, m.leaseSize, returned)
+	evicted := prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_client_states_evicted_total",
+		Help: "Per-client window states dropped to keep the table within max_client_states (their leased slots given back)."})
+	reg.MustRegister(m.latency, m.leaseSize, returned, evicted)
+	m.evicted = counterRef{evicted}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "seckill_proxy_redis_calls_per_decision",
 		Help: "Limiter script calls per decision since start."}, func() float64 {
 		if d := m.decided.Load(); d > 0 {
@@ -113,8 +121,11 @@ type Config struct {
 	KeyPrefix string        // [redis] key_prefix
 	Timeout   time.Duration // bound of one Redis round trip
 	Instance  string        // unique id of this proxy instance
-	Metrics   *Metrics
-	Log       *slog.Logger
+	// MaxClientStates bounds the per-client window states one rule keeps in
+	// memory ([proxy] max_client_states; 0: no bound).
+	MaxClientStates int
+	Metrics         *Metrics
+	Log             *slog.Logger
 	// Trace, if set, is called for every window of every request admitted
 	// by Redis (not by on_redis_error) with the window's client key ("" for
 	// a global window) and the admission moment in Redis µs: the time of the
@@ -127,6 +138,7 @@ type Config struct {
 type Limiter struct {
 	rdb       redis.Cmdable
 	timeout   time.Duration
+	maxStates atomic.Int64 // Config.MaxClientStates
 	rtt       atomic.Int64 // smoothed round-trip time to Redis, ns
 	id        string
 	instances string // key of the live-instance set
@@ -163,6 +175,7 @@ func New(c Config) *Limiter {
 	}
 	l := &Limiter{rdb: c.Redis, timeout: c.Timeout, id: c.Instance, m: c.Metrics, log: c.Log, trace: c.Trace,
 		instances: c.KeyPrefix + "{rl}:instances"}
+	l.maxStates.Store(int64(c.MaxClientStates))
 	l.live.Store(1)
 	l.br.init()
 	l.batch.queue = make(chan *job, maxQueued)
@@ -174,6 +187,26 @@ func (l *Limiter) Live() int { return int(max(1, l.live.Load())) }
 
 // Outstanding is the number of leased slots held locally and not yet spent.
 func (l *Limiter) Outstanding() int64 { return l.outstanding.Load() }
+
+// SetMaxClientStates changes Config.MaxClientStates (a reload); tables
+// above the new bound shrink as new clients come.
+func (l *Limiter) SetMaxClientStates(n int) { l.maxStates.Store(int64(n)) }
+
+// ClientStates is the number of per-client window states of the current rules.
+func (l *Limiter) ClientStates() int64 {
+	l.mu.Lock()
+	rs := l.rules
+	l.mu.Unlock()
+	var n int64
+	if rs != nil {
+		for _, r := range rs.list {
+			if r.clients != nil {
+				n += r.clients.n.Load()
+			}
+		}
+	}
+	return n
+}
 
 // Degraded reports whether the circuit breaker keeps Redis out of the path.
 func (l *Limiter) Degraded() bool { return l.br.isOpen() }
@@ -263,9 +296,17 @@ func (l *Limiter) Sweep(now time.Time) {
 }
 
 // giveBack returns to Redis the slots of rs's leases that expired by m (mono
-// ns), one call per key holding some, pipelined.
+// ns), and those of evicted states, one call per key holding some,
+// pipelined.
 func (l *Limiter) giveBack(rs *Rules, m int64) {
 	var calls []call
+	// per call: the table and client of an evicted state's give-back, or
+	// the zero value
+	type from struct {
+		t      *table
+		client string
+	}
+	var orphans []from
 	collect := func(rs *Rules, w *Window, client string, st *state) {
 		st.mu.Lock()
 		st.expireAll(m, &l.outstanding)
@@ -275,6 +316,7 @@ func (l *Limiter) giveBack(rs *Rules, m int64) {
 			c.wins = []callWindow{{w: w, st: st, back: st.back}}
 			st.back = nil
 			calls = append(calls, c)
+			orphans = append(orphans, from{})
 		}
 		st.mu.Unlock()
 	}
@@ -282,21 +324,31 @@ func (l *Limiter) giveBack(rs *Rules, m int64) {
 		for _, w := range r.Windows {
 			if w.Kind == Global {
 				collect(rs, w, "", r.global)
-			} else {
-				r.clients.each(func(client string, st *state) { collect(rs, w, client, st) })
+				continue
+			}
+			r.clients.each(func(client string, st *state) { collect(rs, w, client, st) })
+			for _, o := range r.clients.takeOrphans() {
+				// The state is gone: a stand-in carries the spans.
+				calls = append(calls, call{tag: w.Policy + "\x00" + o.client, keys: []string{rs.Key(w, []byte(o.client))},
+					wins: []callWindow{{w: w, st: newState(), back: o.back}}})
+				orphans = append(orphans, from{r.clients, o.client})
 			}
 		}
 	}
 	for len(calls) > 0 {
 		// Bounded pipelines, so that each round trip fits the timeout.
 		n := min(len(calls), 256)
-		batch := calls[:n]
-		calls = calls[n:]
+		batch, of := calls[:n], orphans[:n]
+		calls, orphans = calls[n:], orphans[n:]
 		l.run(batch, mono(time.Now())+int64(l.timeout))
 		for i := range batch {
 			c := &batch[i]
 			if c.err != nil { // keep them for the next call or sweep (ZREM is idempotent)
 				cw := &c.wins[0]
+				if o := of[i]; o.t != nil {
+					o.t.keepOrphan(orphan{o.client, cw.back})
+					continue
+				}
 				cw.st.mu.Lock()
 				cw.st.back = append(cw.st.back, cw.back...)
 				cw.st.mu.Unlock()
@@ -350,6 +402,42 @@ type Request struct {
 	Method, Path []byte
 	Addr         []byte // the client address key (identity)
 	Header       Header // nil: keyed windows count by address
+	// A keyed window counts by its header or cookie only when someone
+	// vouches for the value — otherwise a client would make up a new one
+	// per request — and by Addr else: Trusted, the peer is a trusted proxy
+	// (it vouches for what it forwards); or Verified covers the window.
+	Trusted  bool
+	Verified *Verified
+}
+
+// Verified names the headers and cookies whose values the proxy itself
+// verified on a request: the X-User-ID it set from a valid JWT, and the
+// header or cookie that carried that token. Built once per identity
+// configuration; nil: nothing verified.
+type Verified struct {
+	Headers [][]byte // any case
+	Cookies [][]byte
+}
+
+// covers reports whether w reads a value v vouches for.
+func (v *Verified) covers(w *Window) bool {
+	if v == nil {
+		return false
+	}
+	if w.Source == FromCookie {
+		for _, n := range v.Cookies {
+			if bytes.Equal(n, w.Name) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, n := range v.Headers {
+		if bytes.EqualFold(n, w.Name) {
+			return true
+		}
+	}
+	return false
 }
 
 // Decision is the verdict on one request. Reuse one per request (Reset) to
@@ -434,6 +522,7 @@ func (l *Limiter) Check(rs *Rules, req Request, d *Decision) {
 	if shadowRan {
 		if ok {
 			l.recordShadow(d, shadowOK)
+			l.spend(d.sentries)
 		} else if shadowOK {
 			l.settle(d.sentries, false)
 		}
@@ -446,13 +535,24 @@ func (l *Limiter) Check(rs *Rules, req Request, d *Decision) {
 			l.traceAdmit(d.sentries)
 		}
 	}
+	releaseAll(d.sentries)
+	releaseAll(d.entries)
+}
+
+// releaseAll ends the request's use of its per-client states (table.get).
+func releaseAll(es []entry) {
+	for i := range es {
+		if es[i].w.Kind == PerIP {
+			release(es[i].st)
+		}
+	}
 }
 
 // pass decides the enforced (or the shadow) entries es; it reports whether
 // they admit the request and whether Redis decided (not on_redis_error).
 func (l *Limiter) pass(rs *Rules, d *Decision, es []entry, shadow bool) (admitted, exact bool) {
 	l.m.decided.Add(1)
-	allowed, retry, err := l.evaluate(rs, es)
+	allowed, retry, err := l.evaluate(rs, es, shadow)
 	now := time.Now()
 	if err != nil {
 		allowed, retry = l.fallback(d, es, now, shadow)
@@ -467,6 +567,7 @@ func (l *Limiter) pass(rs *Rules, d *Decision, es []entry, shadow bool) (admitte
 		l.recordLimited(d, es, retry)
 		return false, err == nil
 	}
+	l.spend(es)
 	l.recordAdmitted(d, es)
 	return true, err == nil
 }
@@ -485,7 +586,7 @@ func (l *Limiter) collect(req Request, d *Decision, dst *[]entry, shadow bool, n
 				start := len(d.keys)
 				d.keys = appendClientKey(d.keys, w, req)
 				e.key = d.keys[start:len(d.keys):len(d.keys)]
-				e.st = r.clients.get(e.key, now)
+				e.st = r.clients.get(e.key, now, int(l.maxStates.Load()), &l.outstanding, l.m.evicted)
 			}
 			es = append(es, e)
 		}
@@ -579,20 +680,25 @@ var errTimeout = errors.New("limiter: redis timeout passed before a decision")
 
 // evaluate decides the entries: local slots first, then the negative cache,
 // then a refill shared with concurrent requests. A refusal names only full
-// windows. The request is admitted only once every window holds a slot that
-// is still valid at that moment (recheck). On an error nothing is decided:
-// the slots stay held for settle.
-func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
+// windows: a window that looks full while slots of it are held by undecided
+// requests of this instance is not full yet, and the request waits for them
+// (waitSettled). The request is admitted only once every window holds a slot
+// that is still valid at that moment (recheck). On an error nothing is
+// decided: the slots stay held for settle. A shadow pass does not wait for
+// held slots (its slots are held through the enforced pass, and a shadow
+// window is advisory): there they count as taken.
+func (l *Limiter) evaluate(rs *Rules, es []entry, shadow bool) (bool, time.Duration, error) {
 	for i := range es {
 		e := &es[i]
 		e.own, e.waited, e.took, e.decisive, e.lost, e.violated = nil, nil, false, false, false, false
 	}
 	deadline := mono(time.Now()) + int64(l.timeout)
 	called := false
+	lk := look{wait: !shadow}
 	var long time.Duration // after a round too slow for its slots: their time at least this
 	for {
 		m := mono(time.Now())
-		missing, retry := l.takeLocal(es, m)
+		missing, retry, held := l.takeLocal(es, m, &lk)
 		if missing == 0 {
 			if l.recheck(es) {
 				if !called {
@@ -608,6 +714,13 @@ func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 			l.putBack(es)
 			return false, retry, nil
 		}
+		if held.st != nil {
+			if err := l.waitSettled(es, held, deadline); err != nil {
+				return false, 0, err
+			}
+			lk.ordered = true
+			continue
+		}
 		if m >= deadline {
 			l.releaseClaims(es)
 			l.uncount(es)
@@ -621,37 +734,93 @@ func (l *Limiter) evaluate(rs *Rules, es []entry) (bool, time.Duration, error) {
 			continue
 		}
 		called = true
-		if done, ok, retry, err := l.refillAndDecide(rs, es, deadline, &long); done {
+		if done, ok, retry, err := l.refillAndDecide(rs, es, deadline, &long, &lk); done {
 			return ok, retry, err
 		}
 	}
 }
 
+// heldBy names a window that looks full while slots of it are held by
+// undecided requests of this instance, the generation of its decided slots
+// when that was seen, and when its negative answer ends (state.awaitSettled).
+type heldBy struct {
+	st    *state
+	gen   uint32
+	until int64
+}
+
+// look is how a pass looks for slots. wait: a window that looks full while
+// slots of it are held is waited for (not in a shadow pass); ordered: after
+// such a wait, local slots are taken in entry order, stopping at the first
+// missing one (so two requests that waited cannot each hold a slot of the
+// other's missing window again).
+type look struct{ wait, ordered bool }
+
+// held reports whether st's missing slots may be held by undecided
+// requests (when the pass waits for them); the generation is read first, so
+// a slot decided meanwhile ends the wait at once. st.mu held.
+func (lk *look) held(st *state) (heldBy, bool) {
+	if !lk.wait {
+		return heldBy{}, false
+	}
+	gen := st.settled.Load()
+	return heldBy{st, gen, st.deniedUntil.Load()}, st.held.Load() > 0
+}
+
 // takeLocal takes a leased slot for every entry that has none yet; it
 // returns how many still lack one and, when some of those are full per the
-// negative cache, the time until the last of them frees.
-func (l *Limiter) takeLocal(es []entry, m int64) (missing int, retry time.Duration) {
+// negative cache, the time until the last of them frees — or, when those
+// full windows have slots held by undecided requests, one such window.
+func (l *Limiter) takeLocal(es []entry, m int64, lk *look) (missing int, retry time.Duration, held heldBy) {
 	for i := range es {
 		e := &es[i]
 		if e.took {
 			continue
 		}
+		e.violated = false
+		if lk.ordered && missing > 0 {
+			missing++
+			continue
+		}
 		e.st.mu.Lock()
 		if sl, ok := e.st.take(m, &l.outstanding); ok {
-			e.took, e.sl, e.violated = true, sl, false
+			e.took, e.sl = true, sl
 		} else {
 			missing++
 			// Slots waiting to be given back make the negative answer
 			// stale: the call that gives them back decides.
 			if until := e.st.deniedUntil.Load(); m < until && len(e.st.back) == 0 {
-				e.violated = true
-				retry = max(retry, time.Duration(max(until, e.st.retryAt)-m))
+				if h, ok := lk.held(e.st); ok {
+					if held.st == nil {
+						held = h
+					}
+				} else {
+					e.violated = true
+					retry = max(retry, time.Duration(max(until, e.st.retryAt)-m))
+				}
 			}
 		}
 		e.snap()
 		e.st.mu.Unlock()
 	}
-	return missing, retry
+	return missing, retry, held
+}
+
+// waitSettled: a window the request needs looks full, but slots of it are
+// held by undecided requests of this instance, which may put them back. The
+// request first gives up every slot and claim it holds — two requests each
+// holding a slot of the other's missing window must not wait for each other
+// — then waits until one of those slots is decided (or the window's
+// negative answer ends: a refusal would not be the answer past it either),
+// or its deadline.
+func (l *Limiter) waitSettled(es []entry, h heldBy, deadline int64) error {
+	l.releaseClaims(es)
+	l.putBack(es)
+	if !h.st.awaitSettled(h.gen, h.until, deadline) {
+		l.uncount(es)
+		return errTimeout
+	}
+	return nil
 }
 
 // recheck is the admission moment: it admits (and stamps) the request if
@@ -685,6 +854,7 @@ func (l *Limiter) recheck(es []entry) bool {
 		}
 		e.st.mu.Lock()
 		e.st.giveBack(span{e.sl.seq, e.sl.idx, e.sl.j, e.sl.j}, nil)
+		e.st.decided(true)
 		e.snap()
 		e.st.mu.Unlock()
 		e.took, e.decisive = false, false
@@ -709,9 +879,21 @@ func (l *Limiter) putBack(es []entry) {
 		} else {
 			e.st.putBack(e.sl, m, &l.outstanding)
 		}
+		e.st.decided(true)
 		e.snap()
 		e.st.mu.Unlock()
 		e.took, e.decisive = false, false
+	}
+}
+
+// spend ends the holding of the slots of an admitted request: they are
+// spent.
+func (l *Limiter) spend(es []entry) {
+	for i := range es {
+		if e := &es[i]; e.took {
+			e.st.decided(false)
+			e.took, e.decisive = false, false
+		}
 	}
 }
 
@@ -720,10 +902,13 @@ func (l *Limiter) putBack(es []entry) {
 // have written for it stays in the log (the request did happen); if it
 // refused, they all go back.
 func (l *Limiter) settle(es []entry, admitted bool) {
+	if admitted {
+		l.spend(es)
+	}
 	for i := range es {
 		e := &es[i]
 		if admitted {
-			e.took, e.decisive, e.lost = false, false, false
+			e.lost = false
 			continue
 		}
 		if e.lost {
@@ -892,7 +1077,7 @@ type callResult struct {
 //
 // long: when the round took longer than the slots it held stay valid, the
 // next round's slots are given at least twice its duration.
-func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *time.Duration) (done, allowed bool, retry time.Duration, err error) {
+func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *time.Duration, lk *look) (done, allowed bool, retry time.Duration, err error) {
 	calls := l.prepare(rs, es)
 	for i := range calls {
 		calls[i].first = len(calls) > 1
@@ -914,8 +1099,10 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 		return true, false, 0, err
 	}
 	// A window found full: a concurrent call may have left a slot meanwhile
-	// (its waiters' slots, or a lease).
+	// (its waiters' slots, or a lease); and it is not full yet while slots
+	// of it are held by undecided requests of this instance.
 	full := false
+	var held heldBy
 	for i := range es {
 		e := &es[i]
 		if e.took || !e.violated {
@@ -924,6 +1111,11 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 		e.st.mu.Lock()
 		if sl, ok := e.st.take(m, &l.outstanding); ok {
 			e.took, e.sl, e.violated = true, sl, false
+		} else if h, ok := lk.held(e.st); ok {
+			e.violated = false
+			if held.st == nil {
+				held = h
+			}
 		} else {
 			full = true
 			retry = max(retry, e.retry)
@@ -934,6 +1126,13 @@ func (l *Limiter) refillAndDecide(rs *Rules, es []entry, deadline int64, long *t
 	if full {
 		l.putBack(es)
 		return true, false, max(retry, time.Millisecond), nil
+	}
+	if held.st != nil {
+		if err := l.waitSettled(es, held, deadline); err != nil {
+			return true, false, 0, err
+		}
+		lk.ordered = true
+		return false, false, 0, nil
 	}
 	for i := range es {
 		if !es[i].took {
@@ -1311,6 +1510,7 @@ func (l *Limiter) apply(c *call, cw *callWindow, m int64) {
 			if g.granted > 0 {
 				l.m.leaseSize.Observe(float64(g.granted))
 				e.took, e.violated = true, false
+				st.held.Add(1)
 				// Slot 1 scored at the call's time is valid as this call's
 				// decision only; scored at now+short it is valid that long.
 				e.decisive = !c.first

@@ -2,11 +2,15 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"time"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/servicetest"
@@ -89,7 +93,7 @@ func TestHotPathAllocs(t *testing.T) {
 	servicetest.Must(t, err, "compile")
 	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: time.Second, Instance: "allocs", Metrics: m})
 	h := &fakeHeader{name: []byte("X-User-ID"), value: []byte("user-1"), cookie: []byte("session"), cvalue: []byte("s-1")}
-	req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte("127.0.0.1"), Header: h}
+	req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte("127.0.0.1"), Header: h, Trusted: true}
 	var d Decision
 	check := func(r Request) Outcome {
 		d.Reset()
@@ -129,8 +133,8 @@ func TestHotPathAllocs(t *testing.T) {
 }
 
 // FuzzClientKey: any header or cookie value yields a bounded key of the
-// expected form, a missing or empty one falls back to the address, and two
-// different values never share a key.
+// expected form, a missing or empty one falls back to the address, and so
+// does one nobody vouches for; two different values never share a key.
 func FuzzClientKey(f *testing.F) {
 	f.Add([]byte("u1"), []byte("u2"), false)
 	f.Add([]byte("1.2.3.4"), []byte(""), true)
@@ -145,9 +149,13 @@ func FuzzClientKey(f *testing.F) {
 		}
 		key := func(v []byte) string {
 			h := &fakeHeader{name: w.Name, value: v, cookie: wc.Name, cvalue: v}
-			return string(appendClientKey(nil, win, Request{Addr: []byte("203.0.113.9"), Header: h}))
+			return string(appendClientKey(nil, win, Request{Addr: []byte("203.0.113.9"), Header: h, Trusted: true}))
 		}
 		k1, k2 := key(v1), key(v2)
+		h := &fakeHeader{name: w.Name, value: v1, cookie: wc.Name, cvalue: v1}
+		if k := string(appendClientKey(nil, win, Request{Addr: []byte("203.0.113.9"), Header: h})); k != "a:203.0.113.9" {
+			t.Fatalf("value %q from an untrusted peer, nothing verified: key %q, want the address", v1, k)
+		}
 		for _, tc := range []struct {
 			v []byte
 			k string
@@ -190,7 +198,7 @@ func TestCallsShareHashTag(t *testing.T) {
 	tags := map[string]bool{}
 	for _, addr := range []string{"192.0.2.1", "192.0.2.2"} {
 		var d Decision
-		req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(addr),
+		req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(addr), Trusted: true,
 			Header: &fakeHeader{name: []byte("X-User-ID"), value: []byte("u-" + addr)}}
 		d.matched = rs.Match(nil, req.Method, req.Path)
 		l.collect(req, &d, &d.entries, false, time.Now())
@@ -261,4 +269,150 @@ func TestLeaseGiveBack(t *testing.T) {
 	if out, n := l.Outstanding(), rdb.ZCard(ctx, key).Val(); out != 0 || n != int64(admitted) {
 		t.Fatalf("after a reload: outstanding %d, log %d, want 0 and %d", out, n, admitted)
 	}
+}
+
+// A flood of distinct client keys keeps the per-client table within
+// MaxClientStates (plus the requests in flight); evicted clients' leased
+// slots are given back by the sweeper, and an evicted client's window stays
+// exact (Redis holds its log).
+func TestClientStatesBounded(t *testing.T) {
+	rdb, prefix := servicetest.Redis(t)
+	const L, W, max, flood = 5, 10 * time.Second, 640, 5000
+	m := NewMetrics(prometheus.NewRegistry())
+	rs, err := Compile([]conf.Rule{{Name: "r", PathPrefix: "/", OnRedisError: "closed",
+		PerIP: &conf.Window{Limit: L, Window: conf.D(W)}}}, prefix, m)
+	servicetest.Must(t, err, "compile")
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 2 * time.Second, Instance: "A", Metrics: m, MaxClientStates: max})
+	l.SetRules(rs)
+	tab := rs.list[0].clients
+	const workers = 8
+	var peak atomic.Int64
+	var wg sync.WaitGroup
+	for g := range workers {
+		wg.Go(func() {
+			for i := g; i < flood; i += workers {
+				var d Decision
+				l.Check(rs, Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(fmt.Sprint("c", i))}, &d)
+				if d.Outcome != Admit {
+					t.Errorf("client c%d: first request %v", i, d.Outcome)
+					return
+				}
+				if n := tab.n.Load(); n > peak.Load() {
+					peak.Store(n)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var pm dto.Metric
+	servicetest.Must(t, m.evicted.c.Write(&pm), "read counter")
+	evicted := pm.GetCounter().GetValue()
+	t.Logf("%d clients: %d states held (peak %d, bound %d), %v evicted, %d leased slots outstanding",
+		flood, l.ClientStates(), peak.Load(), max, evicted, l.Outstanding())
+	if p := peak.Load(); p > max+workers {
+		t.Fatalf("the table grew to %d states, bound %d (+%d in flight)", p, max, workers)
+	}
+	if n := l.ClientStates(); n > max {
+		t.Fatalf("%d states after the flood, bound %d", n, max)
+	}
+	if evicted < flood-max-workers {
+		t.Fatalf("%v evicted, want at least %d", evicted, flood-max-workers)
+	}
+	// Outstanding slots are exactly those the table's states still lease.
+	held := 0
+	tab.each(func(_ string, st *state) { st.mu.Lock(); held += slotsOf(st); st.mu.Unlock() })
+	if int64(held) != l.Outstanding() {
+		t.Fatalf("%d leased slots outstanding, the table's states hold %d (evicted leases not given up)", l.Outstanding(), held)
+	}
+	// The sweeper gives the evicted clients' leased slots back: each
+	// evicted client's log holds just its one request.
+	l.Sweep(time.Now())
+	ctx := context.Background()
+	checked := 0
+	for i := 0; i < flood && checked < 50; i++ {
+		c := fmt.Sprint("c", i)
+		if tab.lookup([]byte("a:"+c)) != nil {
+			continue
+		}
+		checked++
+		if n := rdb.ZCard(ctx, rs.Key(rs.list[0].Windows[0], []byte("a:"+c))).Val(); n != 1 {
+			t.Fatalf("evicted client %s: its log holds %d members after the sweep, want 1 (its request; the lease given back)", c, n)
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no evicted client found")
+	}
+	// An evicted client's window is still exact: L-1 more of 3L.
+	var c string
+	for i := 0; ; i++ {
+		if c = fmt.Sprint("c", i); tab.lookup([]byte("a:"+c)) == nil {
+			break
+		}
+	}
+	admitted := 0
+	for range 3 * L {
+		var d Decision
+		l.Check(rs, Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(c)}, &d)
+		if d.Outcome == Admit {
+			admitted++
+		}
+	}
+	if admitted != L-1 {
+		t.Fatalf("evicted client %s: %d more admitted, want %d (limit %d, one spent before eviction)", c, admitted, L-1, L)
+	}
+}
+
+// A keyed window counts by its header or cookie only when a trusted peer
+// sent the request or the proxy verified that very header or cookie (the
+// X-User-ID it set from a JWT, or the token's own header or cookie);
+// otherwise by the address.
+func TestKeyNeedsVouching(t *testing.T) {
+	hdr := &Window{Kind: PerIP, Source: FromHeader, Name: []byte("X-User-ID")}
+	auth := &Window{Kind: PerIP, Source: FromHeader, Name: []byte("Authorization")}
+	apiKey := &Window{Kind: PerIP, Source: FromHeader, Name: []byte("X-Api-Key")}
+	sess := &Window{Kind: PerIP, Source: FromCookie, Name: []byte("session")}
+	other := &Window{Kind: PerIP, Source: FromCookie, Name: []byte("Session")} // cookie names are case-sensitive
+	viaHeader := &Verified{Headers: [][]byte{[]byte("X-User-Id"), []byte("authorization")}}
+	viaCookie := &Verified{Headers: [][]byte{[]byte("X-User-Id")}, Cookies: [][]byte{[]byte("session")}}
+	all := &multiHeader{values: map[string]string{"x-user-id": "v", "authorization": "v", "x-api-key": "v"}, cookies: map[string]string{"session": "v", "Session": "v"}}
+	for _, tc := range []struct {
+		name     string
+		w        *Window
+		trusted  bool
+		verified *Verified
+		keyed    bool
+	}{
+		{"untrusted, unverified header", hdr, false, nil, false},
+		{"untrusted, unverified cookie", sess, false, nil, false},
+		{"trusted peer: any header", apiKey, true, nil, true},
+		{"trusted peer: any cookie", other, true, nil, true},
+		{"verified X-User-ID", hdr, false, viaHeader, true},
+		{"verified token header", auth, false, viaHeader, true},
+		{"another header of a verified request", apiKey, false, viaHeader, false},
+		{"a cookie of a header-verified request", sess, false, viaHeader, false},
+		{"verified token cookie", sess, false, viaCookie, true},
+		{"a cookie named in another case", other, false, viaCookie, false},
+	} {
+		k := string(appendClientKey(nil, tc.w, Request{Addr: []byte("198.51.100.7"), Header: all, Trusted: tc.trusted, Verified: tc.verified}))
+		if keyed := k != "a:198.51.100.7"; keyed != tc.keyed {
+			t.Errorf("%s: key %q, want keyed by the value %v", tc.name, k, tc.keyed)
+		}
+	}
+}
+
+// multiHeader serves several headers (any case) and cookies.
+type multiHeader struct{ values, cookies map[string]string }
+
+func (h *multiHeader) PeekBytes(n []byte) []byte {
+	if v, ok := h.values[strings.ToLower(string(n))]; ok {
+		return []byte(v)
+	}
+	return nil
+}
+
+func (h *multiHeader) CookieBytes(n []byte) []byte {
+	if v, ok := h.cookies[string(n)]; ok {
+		return []byte(v)
+	}
+	return nil
 }

@@ -3,8 +3,10 @@ package limiter
 import (
 	"fmt"
 	"hash/maphash"
+	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/seckill/seckill/conf"
@@ -230,14 +232,34 @@ func (rs *Rules) Match(dst []*Rule, method, path []byte) []*Rule {
 	return dst
 }
 
-// table holds the per-client states of one rule, sharded to spread locks.
+// table holds the per-client states of one rule, sharded to spread locks,
+// at most about maxStates of them (Limiter.get).
 type table struct {
 	seed   maphash.Seed
-	shards [64]struct {
-		mu sync.RWMutex
-		m  map[string]*state
-	}
+	shards [tableShards]shard
+	n      atomic.Int64 // states held
+
+	mu      sync.Mutex
+	orphans []orphan // give-backs of evicted states, for the sweeper
 }
+
+const tableShards = 64
+
+type shard struct {
+	mu sync.RWMutex
+	m  map[string]*state
+}
+
+// orphan: slots of an evicted state's client still to be removed from its
+// window's log.
+type orphan struct {
+	client string
+	back   []span
+}
+
+// evictSample: states looked at to find the least recently used one that no
+// request uses (an approximate LRU, as Redis's).
+const evictSample = 16
 
 func newTable() *table {
 	t := &table{seed: maphash.MakeSeed()}
@@ -247,13 +269,19 @@ func newTable() *table {
 	return t
 }
 
-func (t *table) get(client []byte, now time.Time) *state {
-	sh := &t.shards[maphash.Bytes(t.seed, client)&63]
-	// lastUse is stored while the shard is locked (read or write), so the
-	// sweeper, which holds the write lock, never drops a state in use.
+// get returns the client's state, made if missing, and counts the caller as
+// its user until release; a shard holding its share of maxStates (0: no
+// bound) first evicts a state nobody uses (evict). out is the limiter's
+// count of leased slots.
+func (t *table) get(client []byte, now time.Time, maxStates int, out *atomic.Int64, evicted counterRef) *state {
+	sh := &t.shards[maphash.Bytes(t.seed, client)&(tableShards-1)]
+	// users and lastUse change while the shard is locked (read or write),
+	// so the sweeper and evict, which hold the write lock, never drop a
+	// state in use.
 	sh.mu.RLock()
 	st := sh.m[string(client)]
 	if st != nil {
+		st.users.Add(1)
 		st.lastUse.Store(mono(now))
 	}
 	sh.mu.RUnlock()
@@ -262,16 +290,86 @@ func (t *table) get(client []byte, now time.Time) *state {
 	}
 	sh.mu.Lock()
 	if st = sh.m[string(client)]; st == nil {
+		if per := (maxStates + tableShards - 1) / tableShards; maxStates > 0 && len(sh.m) >= per {
+			if t.evict(sh, out) {
+				evicted.inc()
+			}
+		}
 		st = newState()
 		sh.m[string(client)] = st
+		t.n.Add(1)
 	}
+	st.users.Add(1)
 	st.lastUse.Store(mono(now))
 	sh.mu.Unlock()
 	return st
 }
 
-// sweep drops states idle for longer than idle that hold nothing: no slots,
-// nothing to give back, no refill in flight, no negative answer.
+// release ends a use begun by get.
+func release(st *state) { st.users.Add(-1) }
+
+// lookup returns the client's state if there is one (tests).
+func (t *table) lookup(client []byte) *state {
+	sh := &t.shards[maphash.Bytes(t.seed, client)&(tableShards-1)]
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	return sh.m[string(client)]
+}
+
+// evict drops the least recently used of a sample of sh's states that no
+// request uses (none holds a slot of it or waits on it then). Its leased and
+// unspent slots become orphans, given back by the sweeper: the client's
+// window stays exact, Redis holds its log. False when every state of the
+// shard is in use: the shard then holds one more, so the table exceeds its
+// bound by at most the requests in flight. sh.mu held.
+func (t *table) evict(sh *shard, out *atomic.Int64) bool {
+	var victim string
+	var vs *state
+	seen := 0
+	for k, st := range sh.m {
+		if st.users.Load() == 0 && (vs == nil || st.lastUse.Load() < vs.lastUse.Load()) {
+			victim, vs = k, st
+		}
+		if seen++; seen >= evictSample && vs != nil {
+			break
+		}
+	}
+	if vs == nil {
+		return false
+	}
+	vs.mu.Lock()
+	vs.expireAll(math.MaxInt64, out) // every leased slot goes back
+	back := vs.back
+	vs.back = nil
+	vs.mu.Unlock()
+	delete(sh.m, victim)
+	t.n.Add(-1)
+	if len(back) > 0 {
+		t.mu.Lock()
+		t.orphans = append(t.orphans, orphan{victim, back})
+		t.mu.Unlock()
+	}
+	return true
+}
+
+// takeOrphans returns the orphans and forgets them.
+func (t *table) takeOrphans() []orphan {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o := t.orphans
+	t.orphans = nil
+	return o
+}
+
+// keepOrphan keeps give-backs that failed for the next sweep.
+func (t *table) keepOrphan(o orphan) {
+	t.mu.Lock()
+	t.orphans = append(t.orphans, o)
+	t.mu.Unlock()
+}
+
+// sweep drops states idle for longer than idle that hold nothing: no user,
+// no slots, nothing to give back, no refill in flight, no negative answer.
 func (t *table) sweep(now time.Time, idle time.Duration) (dropped int) {
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -280,7 +378,7 @@ func (t *table) sweep(now time.Time, idle time.Duration) (dropped int) {
 			st.mu.Lock()
 			m := mono(now)
 			old := m-st.lastUse.Load() > int64(idle) && m > st.deniedUntil.Load() && st.refill == nil &&
-				len(st.batches) == 0 && len(st.back) == 0
+				len(st.batches) == 0 && len(st.back) == 0 && st.users.Load() == 0
 			st.mu.Unlock()
 			if old {
 				delete(sh.m, k)
@@ -289,6 +387,7 @@ func (t *table) sweep(now time.Time, idle time.Duration) (dropped int) {
 		}
 		sh.mu.Unlock()
 	}
+	t.n.Add(-int64(dropped))
 	return dropped
 }
 

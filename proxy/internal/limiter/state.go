@@ -30,6 +30,15 @@ type state struct {
 	remaining   int          // free slots after the last call
 	resetAt     time.Time    // when the next slot frees, as of the last call
 	lastUse     atomic.Int64 // mono ns; stored under (at least) the table shard's read lock
+	users       atomic.Int32 // requests between table.get and the end of their Check
+
+	// Slots of this window taken by requests of this instance that are not
+	// decided yet: each is spent or put back soon. A window Redis reports
+	// full while some are held is not full yet (awaitSettled).
+	held    atomic.Int32
+	settled atomic.Uint32 // held slots decided so far (a generation)
+	waiting atomic.Int32  // requests in awaitSettled
+	wake    chan struct{} // closed when a held slot is decided while some wait; under mu
 
 	// in-process sliding-window counter (two fixed buckets, weighted)
 	locStart      time.Time
@@ -97,7 +106,61 @@ func (s *state) take(m int64, out *atomic.Int64) (slot, bool) {
 	if b.to < b.from {
 		s.batches = append(s.batches[:best], s.batches[best+1:]...)
 	}
+	s.held.Add(1)
 	return sl, true
+}
+
+// decided records that a held slot was spent or put back, and wakes the
+// requests waiting for that. locked: s.mu is held by the caller. Without
+// waiters (the hot path) it is two atomic adds.
+func (s *state) decided(locked bool) {
+	s.held.Add(-1)
+	s.settled.Add(1)
+	if s.waiting.Load() == 0 {
+		return
+	}
+	if !locked {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+	}
+	if s.wake != nil {
+		close(s.wake)
+		s.wake = nil
+	}
+}
+
+// awaitSettled waits until a held slot of s is decided after generation gen
+// (settled, read before held was seen > 0), or until the window's negative
+// answer ends (until, if later than now: then a call decides), or until
+// deadline (mono ns); false at the deadline. The caller holds no slot while
+// it waits.
+func (s *state) awaitSettled(gen uint32, until, deadline int64) bool {
+	s.mu.Lock()
+	s.waiting.Add(1)
+	defer s.waiting.Add(-1)
+	// decided adds to settled before it reads waiting, and this reads
+	// settled after adding to waiting: one of the two sees the other.
+	if s.settled.Load() != gen {
+		s.mu.Unlock()
+		return true
+	}
+	if s.wake == nil {
+		s.wake = make(chan struct{})
+	}
+	ch := s.wake
+	s.mu.Unlock()
+	end := deadline
+	if now := mono(time.Now()); until > now && until < end {
+		end = until
+	}
+	t := time.NewTimer(time.Duration(end - mono(time.Now())))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return end < deadline
+	}
 }
 
 // putBack returns a slot taken by a request that was then refused: it stays

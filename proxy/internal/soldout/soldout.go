@@ -120,6 +120,6 @@ func (c *Cache) Learn(id int64, tok soldout.Token, ctype, body []byte) bool {
 
 // Subscribe forgets flags on every stock event until ctx ends, telling the
 // other listeners (the read cache) too; see internal/soldout.Watch.
-func (c *Cache) Subscribe(ctx context.Context, rdb *redis.Client, keyPrefix string, log *slog.Logger, ready chan<- struct{}, more ...soldout.Listener) {
+func (c *Cache) Subscribe(ctx context.Context, rdb redis.UniversalClient, keyPrefix string, log *slog.Logger, ready chan<- struct{}, more ...soldout.Listener) {
 	soldout.Watch(ctx, rdb, reservation.Channel(keyPrefix), log, ready, append([]soldout.Listener{c.flags}, more...)...)
 }

@@ -155,6 +155,9 @@ type Source struct {
 // HeaderName is the header the token is read from ("" when from a cookie).
 func (v *Verifier) HeaderName() []byte { return v.header }
 
+// CookieName is the cookie the token is read from ("" when from a header).
+func (v *Verifier) CookieName() []byte { return v.cookie }
+
 // Extract returns the token of a request, or nil.
 func (v *Verifier) Extract(s Source) []byte {
 	if v.header != nil {

@@ -22,7 +22,7 @@ import (
 
 type rig struct {
 	t      *testing.T
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	store  *reservation.Store
 	db     *sql.DB

@@ -30,6 +30,10 @@ import (
 type Config struct {
 	URL      string
 	Topology broker.Topology
+	// Partitions lists the order-queue partitions consumed; empty: every
+	// partition of Topology and any retired partition queue that still
+	// exists (looked for at the start of each AMQP session).
+	Partitions []int
 	// Consumers channels, each with Prefetch unacked messages at most.
 	Consumers, Prefetch int
 	// BatchSize and BatchWait bound what one channel collects before writing.
@@ -59,6 +63,7 @@ func ConfigFrom(c conf.Config) Config {
 	return Config{
 		URL:            c.RabbitMQ.URL,
 		Topology:       broker.TopologyFor(c.RabbitMQ),
+		Partitions:     c.Worker.Partitions,
 		Consumers:      c.Worker.Consumers,
 		Prefetch:       c.Worker.Prefetch,
 		BatchSize:      c.Worker.BatchSize,
@@ -198,8 +203,15 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		lost()
 		c.setConn(nil)
 	}()
-	ended := make(chan struct{}, c.cfg.Consumers+1)
-	for i := range c.cfg.Consumers {
+	queues, err := c.queues(conn)
+	if err != nil {
+		return false, err
+	}
+	// At least one channel per queue; channel i consumes queue i mod n.
+	channels := max(c.cfg.Consumers, len(queues))
+	ended := make(chan struct{}, channels+1)
+	for i := range channels {
+		q := queues[i%len(queues)]
 		ch, err := conn.Channel()
 		if err != nil {
 			return false, fmt.Errorf("open channel %d: %w", i, err)
@@ -207,9 +219,9 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 			return false, fmt.Errorf("qos on channel %d: %w", i, err)
 		}
-		deliveries, err := ch.Consume(c.cfg.Topology.Queue, "", false, false, false, false, nil)
+		deliveries, err := ch.Consume(q, "", false, false, false, false, nil)
 		if err != nil {
-			return false, fmt.Errorf("consume %s on channel %d: %w", c.cfg.Topology.Queue, i, err)
+			return false, fmt.Errorf("consume %s on channel %d: %w", q, i, err)
 		}
 		wg.Add(1)
 		go func() {
@@ -238,7 +250,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		}()
 	}
 	c.setConn(conn)
-	c.log.Info("consuming", "queue", c.cfg.Topology.Queue, "channels", c.cfg.Consumers, "prefetch", c.cfg.Prefetch,
+	c.log.Info("consuming", "queues", queues, "channels", channels, "prefetch", c.cfg.Prefetch,
 		"dead_letters", c.cfg.DeadLetters)
 
 	select {
@@ -819,6 +831,27 @@ type deadLetterer struct {
 	returns chan amqp.Return
 	topo    broker.Topology
 	timeout time.Duration
+}
+
+// queues lists what this session consumes: the assigned partitions, or all
+// of them plus the retired ones that still exist.
+func (c *Consumer) queues(conn *amqp.Connection) ([]string, error) {
+	t := c.cfg.Topology
+	if len(c.cfg.Partitions) > 0 {
+		out := make([]string, len(c.cfg.Partitions))
+		for i, p := range c.cfg.Partitions {
+			out[i] = t.PartitionQueue(p)
+		}
+		return out, nil
+	}
+	retired, err := t.Retired(conn)
+	if err != nil {
+		return nil, err
+	}
+	if len(retired) > 0 {
+		c.log.Info("draining retired partition queues", "queues", retired)
+	}
+	return append(t.OrderQueues(), retired...), nil
 }
 
 func newDeadLetterer(conn *amqp.Connection, topo broker.Topology, timeout time.Duration) (*deadLetterer, error) {

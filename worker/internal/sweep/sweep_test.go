@@ -21,7 +21,7 @@ import (
 )
 
 type rig struct {
-	rdb   *redis.Client
+	rdb   redis.UniversalClient
 	store *reservation.Store
 	db    *sql.DB
 	sr    *saletest.Rig
