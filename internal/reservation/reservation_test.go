@@ -36,7 +36,7 @@ func userHash(t testing.TB, st *reservation.Store, id int64, uid string) string 
 }
 
 // userEntries is every user entry of sale id, from all its hashes.
-func userEntries(t testing.TB, st *reservation.Store, rdb *redis.Client, id int64) map[string]string {
+func userEntries(t testing.TB, st *reservation.Store, rdb redis.UniversalClient, id int64) map[string]string {
 	t.Helper()
 	ctx := context.Background()
 	n, err := st.Buckets(ctx, id)
@@ -51,7 +51,7 @@ func userEntries(t testing.TB, st *reservation.Store, rdb *redis.Client, id int6
 }
 
 // lose deletes every key of sale id, as a Redis that lost the sale.
-func lose(t testing.TB, st *reservation.Store, rdb *redis.Client, id int64) {
+func lose(t testing.TB, st *reservation.Store, rdb redis.UniversalClient, id int64) {
 	t.Helper()
 	keys, err := st.SaleKeys(context.Background(), id)
 	servicetest.Must(t, err, "sale keys")
