@@ -188,10 +188,10 @@ func TestRestoreChoosesTheBucketsTheWarmKeeps(t *testing.T) {
 	if arch != reservation.ArchiveDone {
 		t.Fatalf("archive = %s", arch)
 	}
-	keys, err := rdb.Keys(ctx, prefix+"{act:43}:*").Result()
-	servicetest.Must(t, err, "keys")
-	if len(keys) != 1 || keys[0] != st.Keys(id).Meta {
-		t.Fatalf("keys after the archive: %v", keys)
+	k := st.Keys(id)
+	left := append(k.Hashes(reservation.OrderBuckets, 128), k.Hashes(reservation.UserBuckets, 128)...)
+	if n := rdb.Exists(ctx, append(left, k.Deadlines)...).Val(); n != 0 || rdb.Exists(ctx, k.Meta).Val() != 1 {
+		t.Fatalf("after the archive %d of the sale's hashes are left (want 0, and the summary)", n)
 	}
 	servicetest.Must(t, st.Restore(ctx, id, 100, []reservation.Decided{
 		{OrderID: oid, UserID: "u", IdempotencyKey: "k", Quantity: 1, Confirmed: true}}), "restore before the reopen")
