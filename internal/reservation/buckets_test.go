@@ -19,7 +19,7 @@ func TestBucketsSpreadAndAgreeWithTheScripts(t *testing.T) {
 	rdb, prefix := servicetest.Redis(t)
 	st := reservation.New(rdb, prefix)
 	ctx := context.Background()
-	for total, want := range map[int64]int64{1: 1, 64: 1, 65: 2, 1000: 16, 20000: 512} {
+	for total, want := range map[int64]int64{1: 1, 64: 1, 65: 2, 1000: 16, 20000: 512, 5_000_000: 16384} {
 		id := 100 + total
 		warm(t, st, rdb, id, sale{total: total, limit: 3, start: -time.Hour, end: time.Hour})
 		n, err := st.Buckets(ctx, id)

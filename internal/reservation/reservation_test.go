@@ -510,7 +510,7 @@ func BenchmarkReserve(b *testing.B) { benchReserve(b, 1<<40) }
 
 // BenchmarkReserveSale is BenchmarkReserve in a sale of 131,072 units (2,048
 // buckets, lua/record.lua), whose buckets fill as it sells; BenchmarkReserve's
-// sale has so many buckets that every reserve creates two hashes.
+// sale has the most buckets (16,384).
 func BenchmarkReserveSale(b *testing.B) { benchReserve(b, 1<<17) }
 
 func benchReserve(b *testing.B, total int64) {
