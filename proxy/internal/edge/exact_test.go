@@ -56,8 +56,10 @@ func trustedConfig(t *testing.T, up string, rules ...conf.Rule) conf.Config {
 	cfg.Proxy.Rules = rules
 	// These tests are about exactness while Redis answers: a timeout on a
 	// loaded machine would hand the decision to on_redis_error (checked by
-	// noDegraded) and prove nothing.
-	cfg.Proxy.RedisTimeout = conf.D(2 * time.Second)
+	// noDegraded) and prove nothing. 5 s, not 2: under the whole suite with
+	// -race on 2 cores TestBurstExact once admitted 7 of 5, most likely by
+	// such fallbacks (its failure now prints how many there were).
+	cfg.Proxy.RedisTimeout = conf.D(5 * time.Second)
 	return cfg
 }
 
@@ -74,7 +76,8 @@ func TestBurstExact(t *testing.T) {
 			for round := 0; round < 50; round++ {
 				codes, _ := burst(t, px.addr, 3*L, "POST", "/api/v1/activities/1/purchase", "X-Forwarded-For", freshIP())
 				if codes[200] != L || codes[429] != 2*L {
-					t.Fatalf("round %d: %v, want exactly %d admitted and %d limited", round, codes, L, 2*L)
+					t.Fatalf("round %d: %v, want exactly %d admitted and %d limited (%v decisions degraded to on_redis_error)",
+						round, codes, L, 2*L, metricSum(scrape(t, px), `seckill_proxy_decisions_total{outcome="degraded"`))
 				}
 			}
 			if n := up.hits.Load(); n != int64(50*L) {
