@@ -37,12 +37,16 @@
 -- failed records beyond the stock still fit.
 local bucket_fill = 64
 
--- bucket_max bounds the count: the scripts that walk every bucket (a warm
--- that builds a sale, sync, archive) run about 0.5 us per bucket, so 16,384
--- keep them near 10 ms; 131,072 (a 5,000,000-unit sale) took ~100 ms, past
--- the backend's Redis timeout. A sale of more than 16,384 * 64 units gets
--- fuller buckets, which Redis turns into hashtables: correct, only larger.
-local bucket_max = 16384
+-- bucket_max bounds the count, because every bucket is a key whose own cost
+-- (~80 B each kind) is paid whether or not the sale sells: a sale that sells
+-- a small part of a large stock (a 5,000,000-unit bench sale that sold
+-- 13,400) paid 16,384 x 2 keys, 373 B per order, more than one big hash
+-- each. 1,024 keep that fixed cost near 160 KB per sale and the scripts that
+-- walk every bucket (a warm that builds a sale, sync, archive; ~0.5 us per
+-- bucket) under a millisecond. A sale of more than 1,024 * 64 units that
+-- sells most of it gets fuller buckets, which Redis turns into hashtables:
+-- about what one big hash costs, never more.
+local bucket_max = 1024
 
 -- buckets_for returns the bucket count of a sale of total units: the
 -- smallest power of two n with n * bucket_fill >= total, at most bucket_max.

@@ -19,7 +19,7 @@ func TestBucketsSpreadAndAgreeWithTheScripts(t *testing.T) {
 	rdb, prefix := servicetest.Redis(t)
 	st := reservation.New(rdb, prefix)
 	ctx := context.Background()
-	for total, want := range map[int64]int64{1: 1, 64: 1, 65: 2, 1000: 16, 20000: 512, 5_000_000: 16384} {
+	for total, want := range map[int64]int64{1: 1, 64: 1, 65: 2, 1000: 16, 20000: 512, 65536: 1024, 65537: 1024, 5_000_000: 1024} {
 		id := 100 + total
 		warm(t, st, rdb, id, sale{total: total, limit: 3, start: -time.Hour, end: time.Hour})
 		n, err := st.Buckets(ctx, id)
@@ -220,13 +220,13 @@ func TestReserveFollowsANewBucketCount(t *testing.T) {
 	warm(t, st, rdb, id, sale{total: 1000, limit: 3, start: -time.Hour, end: time.Hour})
 	reserve(t, st, id, "u", "", 1) // caches 16
 	lose(t, st, rdb, id)
-	warm(t, st, rdb, id, sale{total: 100000, limit: 3, start: -time.Hour, end: time.Hour})
+	warm(t, st, rdb, id, sale{total: 50000, limit: 3, start: -time.Hour, end: time.Hour})
 	k := st.Keys(id)
 	for i := range 50 {
 		user := fmt.Sprintf("v%d", i)
 		r := reserve(t, st, id, user, "", 1)
-		if rdb.HGet(ctx, k.Order(2048, r.OrderID), r.OrderID).Val() == "" || rdb.HGet(ctx, k.User(2048, user), user).Val() != "1" {
-			t.Fatalf("order %d of the rebuilt sale is not in its buckets of 2048", i)
+		if rdb.HGet(ctx, k.Order(1024, r.OrderID), r.OrderID).Val() == "" || rdb.HGet(ctx, k.User(1024, user), user).Val() != "1" {
+			t.Fatalf("order %d of the rebuilt sale is not in its buckets of 1024", i)
 		}
 	}
 	if s := meta(t, st, id); s.Pending != 50 {
