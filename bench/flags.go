@@ -78,8 +78,10 @@ func (r *raw) IsBoolFlag() bool { return r.isBool }
 // file is absent, the defaults and the environment), applies the flags over
 // it, validates, and resolves the admin token and rabbitmqctl.
 func parseFlags(args []string, stdout, stderr io.Writer) (conf.Config, options, error) {
-	fs, common, o, raws := newFlagSet(stderr)
-	if err := fs.Parse(args); err != nil {
+	fs, common, op, raws := newFlagSet(stderr)
+	err := fs.Parse(args)
+	o := *op // after Parse: the flags write through op
+	if err != nil {
 		return conf.Config{}, o, err
 	}
 	if fs.NArg() > 0 {
@@ -112,11 +114,11 @@ func parseFlags(args []string, stdout, stderr io.Writer) (conf.Config, options, 
 // errDone marks a command line that was fully handled (-version, a valid -check).
 var errDone = errors.New("done")
 
-func newFlagSet(stderr io.Writer) (*flag.FlagSet, *cli.Flags, options, map[string]*raw) {
+func newFlagSet(stderr io.Writer) (*flag.FlagSet, *cli.Flags, *options, map[string]*raw) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	common := cli.AddFlags(fs, "bench", false)
-	var o options
+	o := new(options)
 	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token of the admin API (default $SECKILL_ADMIN_TOKEN, else [backend] admin_token or admin_token_file)")
 	fs.StringVar(&o.jsonPath, "json", "", "write the report as JSON to this file")
 	fs.StringVar(&o.htmlPath, "html", "", "write the report as a self-contained HTML page to this file")

@@ -33,7 +33,8 @@ key_prefix = "file:"
 	t.Setenv("SECKILL_ADMIN_TOKEN", "env-token-123")
 	t.Setenv("SECKILL_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/from_env")
 	cfg, o, err := parseFlags([]string{"-config", p, "-targets", "http://127.0.0.1:2, http://127.0.0.1:3",
-		"-users", "900", "-rate", "0", "-redis-prefix", "flag:", "-activity", "0", "-warmup", "0s"}, io.Discard, io.Discard)
+		"-users", "900", "-rate", "0", "-redis-prefix", "flag:", "-activity", "0", "-warmup", "0s",
+		"-json", "r.json", "-html", "r.html", "-quiet"}, io.Discard, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,6 +47,11 @@ key_prefix = "file:"
 	}
 	if cfg.Redis.KeyPrefix != "flag:" || !strings.HasSuffix(cfg.MySQL.DSN, "/from_env") {
 		t.Errorf("prefix %q dsn %q", cfg.Redis.KeyPrefix, cfg.MySQL.DSN)
+	}
+	// The options beyond the configuration reach the caller (they were
+	// parsed into a copy, and bench.sh found no report to read).
+	if o.jsonPath != "r.json" || o.htmlPath != "r.html" || !o.quiet {
+		t.Errorf("json %q html %q quiet %v", o.jsonPath, o.htmlPath, o.quiet)
 	}
 	if o.adminToken != "env-token-123" {
 		t.Errorf("admin token %q", o.adminToken)

@@ -6,7 +6,8 @@
 -- that read in the same atomic step, so a purchase or an admin change racing
 -- the archiver is either before it (and it refuses) or after it.
 --
--- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
+-- KEYS[1] meta, KEYS[2] deadlines (see reserve.lua); the sale's buckets
+-- (record.lua) are deleted, every one, and the unbucketed hashes with them
 -- ARGV[1] generation (MySQL's activities.generation, read under the lock)
 -- ARGV[2] total stock (MySQL), ARGV[3] units sold (MySQL)
 -- ARGV[4] grace in ms after the sale's end, ARGV[5] TTL of the summary in ms
@@ -21,7 +22,7 @@
 --   {"pending", units, open_orders}  reservations are not settled yet
 --   {"disagree", total, sold}        Redis's counters differ from MySQL's
 
-local m = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'end', 'gen', 'archived')
+local m = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'end', 'gen', 'archived', 'buckets')
 if not m[1] then
   return {'missing'}
 end
@@ -37,14 +38,23 @@ local due = tonumber(m[4]) + tonumber(ARGV[4])
 if now < due then
   return {'open', due}
 end
-local open = redis.call('ZCARD', KEYS[4])
+local open = redis.call('ZCARD', KEYS[2])
 if tonumber(m[3]) ~= 0 or open ~= 0 then
   return {'pending', tonumber(m[3]), open}
 end
 if tonumber(m[1]) ~= tonumber(ARGV[2]) or tonumber(m[2]) ~= tonumber(ARGV[3]) then
   return {'disagree', tonumber(m[1]), tonumber(m[2])}
 end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+local nb = tonumber(m[7])
+for _, kind in ipairs({'o', 'u'}) do
+  local keys = sale_hashes(KEYS[1], nb, kind)
+  for i = 1, #keys, 1000 do
+    redis.call('DEL', unpack(keys, i, math.min(i + 999, #keys)))
+  end
+end
+redis.call('DEL', KEYS[2])
+-- No bucket is left: a reopen chooses its count anew (restore.lua, warm.lua).
+redis.call('HDEL', KEYS[1], 'buckets')
 redis.call('HSET', KEYS[1], 'archived', now)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {'archived'}

@@ -1,7 +1,7 @@
 -- claim.lua: a worker takes orders over before writing them to MySQL, so that
 -- the backend's release can no longer move them (see release.lua).
 --
--- KEYS[1] orders (see reserve.lua)
+-- KEYS[1] meta (see reserve.lua; the records are in the sale's buckets, record.lua)
 -- ARGV    order ids
 --
 -- Returns one state letter per order id, in order:
@@ -11,14 +11,16 @@
 --   "?" no record (Redis lost it): MySQL's guards decide alone
 
 local out = {}
+local nb = sale_buckets(KEYS[1])
 for i, oid in ipairs(ARGV) do
-  local rec = redis.call('HGET', KEYS[1], oid)
+  local orders = order_key(KEYS[1], nb, oid)
+  local rec = redis.call('HGET', orders, oid)
   if not rec then
     out[i] = '?'
   else
     local state = string.sub(rec, 1, 1)
     if state == 'P' then
-      redis.call('HSET', KEYS[1], oid, 'C' .. string.sub(rec, 2))
+      redis.call('HSET', orders, oid, 'C' .. string.sub(rec, 2))
       state = 'C'
     end
     out[i] = state

@@ -1,6 +1,7 @@
 package lua
 
-// record holds the encodings of order records and user entries.
+// record holds the encodings of order records and user entries, and the
+// names of the buckets that hold them.
 const record = "record.lua"
 
 // Scripts of the purchase path; see each file's header.
@@ -8,11 +9,12 @@ var (
 	Reserve = load("reserve.lua", record)
 	Release = load("release.lua", record)
 	Queued  = load("queued.lua", record)
-	Claim   = load("claim.lua")
+	Claim   = load("claim.lua", record)
 	Settle  = load("settle.lua", record)
 	Warm    = load("warm.lua", record)
-	Archive = load("archive.lua")
+	Archive = load("archive.lua", record)
 	Restore = load("restore.lua", record)
+	Order   = load("order.lua", record)
 	// Recovered ends a sale's recovery after a Redis loss (its drain marker).
 	Recovered = load("recovered.lua")
 )

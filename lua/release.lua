@@ -4,7 +4,8 @@
 -- once a worker has claimed it (C) the worker's MySQL commit decides, so an
 -- order is never both released and confirmed.
 --
--- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
+-- KEYS[1] meta, KEYS[2] deadlines (see reserve.lua; the order's record and its
+-- user's entry are in the sale's buckets, record.lua)
 -- ARGV[1] order id, ARGV[2] reason, ARGV[3] pub/sub channel, ARGV[4] activity id
 -- ARGV[5] idempotency key (optional; the backend, whose client never learnt the
 --         order): when the order is released, the key leaves the user's entry
@@ -25,10 +26,14 @@
 -- release that already happened with the same reason answers "released" again,
 -- so a caller whose first reply was lost (a timeout) may simply retry.
 
-local rec = redis.call('HGET', KEYS[3], ARGV[1])
+local nb = sale_buckets(KEYS[1])
+local orders = order_key(KEYS[1], nb, ARGV[1])
+local rec = redis.call('HGET', orders, ARGV[1])
 if not rec then
   if ARGV[6] and ARGV[6] ~= '' then
-    redis.call('HSET', KEYS[3], ARGV[1], rec_done('F', 0, ARGV[6], ARGV[2]))
+    -- With no sale in Redis (no buckets) the tombstone goes to the
+    -- unbucketed hash, which warm.lua moves into the buckets it creates.
+    redis.call('HSET', orders, ARGV[1], rec_done('F', 0, ARGV[6], ARGV[2]))
     return {'released'}
   end
   return {'missing'}
@@ -49,15 +54,16 @@ end
 if ARGV[6] and ARGV[6] ~= '' and tail == 'a' then
   return {'taken'}
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if redis.call('HEXISTS', KEYS[1], 'total') == 1 then
   redis.call('HINCRBY', KEYS[1], 'pending', -qty)
 end
-local held, index = user_get(KEYS[2], user)
+local users = user_key(KEYS[1], nb, user)
+local held, index = user_get(users, user)
 if ARGV[5] and ARGV[5] ~= '' then
   index = key_drop(index, ARGV[5], ARGV[1])
 end
-user_put(KEYS[2], user, held - qty, index)
-redis.call('HSET', KEYS[3], ARGV[1], rec_done('F', qty, user, ARGV[2]))
-redis.call('ZREM', KEYS[4], ARGV[1])
+user_put(users, user, held - qty, index)
+redis.call('HSET', orders, ARGV[1], rec_done('F', qty, user, ARGV[2]))
+redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return {'released'}

@@ -1,18 +1,24 @@
 -- reserve.lua: check and reserve units of one activity in one atomic step.
 --
 -- KEYS[1] meta       hash  total, sold, pending, limit, start, end (unix ms)
--- KEYS[2] users      hash  user id -> entry: units held (pending + confirmed)
---                          and the user's idempotency keys -> order ids
--- KEYS[3] orders     hash  order id -> record
--- KEYS[4] deadlines  zset  order id -> deadline (ms) while pending or claimed
--- KEYS[5] recovering string, the recovery token, set while a sale rebuilt after
+--                          and buckets (their count, see record.lua)
+-- KEYS[2] deadlines  zset  order id -> deadline (ms) while pending or claimed
+-- KEYS[3] recovering string, the recovery token, set while a sale rebuilt after
 --                          a Redis loss may still have orders in the queue that
 --                          Redis forgot (their keys, their units): a key Redis does
 --                          not know, and every new reservation, then answers "unsure"
--- (record.lua has the encodings of records and user entries.)
+-- KEYS[4] the bucket of the order's record, KEYS[5] the bucket of the user's
+--                          entry (units held, idempotency keys -> order ids),
+--                          for a sale of ARGV[6] buckets (record.lua has the
+--                          names and the encodings): the caller names them, so
+--                          the hot path hashes nothing in Lua
+-- (A keyed replay reads its earlier order's record from the bucket the
+-- script names itself: not in KEYS, but of the sale's hash tag, so on Redis
+-- Cluster in the slot of KEYS.)
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
--- TTL in ms
+-- TTL in ms, ARGV[6] the sale's bucket count the caller named KEYS[4] and
+-- KEYS[5] for (0: unbucketed)
 --
 -- Idempotent on the request: the caller picks the order id first, so a
 -- repeat of the same call (a lost reply, a client-side retry) finds its own
@@ -32,6 +38,8 @@
 --                                            and the backend's undo of the attempt that
 --                                            reserved it answers "taken"
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
+--   {"buckets", n}                           the sale has n buckets, not ARGV[6]: nothing
+--                                            read or written; call again with KEYS for n
 --   {"unsure", token}                        while recovering, a request that would reserve:
 --                                            its key may belong to an order still in the
 --                                            queue, and the units of those orders are not
@@ -46,12 +54,17 @@
 -- All keys share the {act:ID} hash tag; TIME is the only clock; nothing is
 -- written before every check has passed.
 
-local meta = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'limit', 'start', 'end')
+local meta = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'limit', 'start', 'end', 'buckets')
 if not meta[1] then
   return {'not_found'}
 end
 local user, key, oid = ARGV[1], ARGV[2], ARGV[4]
-local mine = redis.call('HGET', KEYS[3], oid)
+local nb = tonumber(meta[7])
+if (nb or 0) ~= tonumber(ARGV[6]) then
+  return {'buckets', nb or 0}
+end
+local orders, users = KEYS[4], KEYS[5]
+local mine = redis.call('HGET', orders, oid)
 if mine then
   local state, _, owner, deadline, reason = rec_parse(mine)
   if owner ~= user then
@@ -62,11 +75,12 @@ if mine then
   end
   return {'ok', oid, deadline or 0}
 end
-local held, index = user_get(KEYS[2], user)
+local held, index = user_get(users, user)
 if key ~= '' then
   local prior = key_find(index, key)
   if prior then
-    local rec = redis.call('HGET', KEYS[3], prior)
+    local prior_orders = order_key(KEYS[1], nb, prior)
+    local rec = redis.call('HGET', prior_orders, prior)
     if rec then
       local state, qty, _, deadline, mark = rec_parse(rec)
       local queued = 0
@@ -75,7 +89,7 @@ if key ~= '' then
       elseif state == 'P' and mark == '' then
         -- Adopted: this replay publishes the order itself, so the undo of
         -- the attempt that reserved it may no longer release it.
-        redis.call('HSET', KEYS[3], prior, rec_open(state, qty, user, deadline, 'a'))
+        redis.call('HSET', prior_orders, prior, rec_open(state, qty, user, deadline, 'a'))
       end
       return {'replay', prior, state, qty, deadline or 0, queued}
     end
@@ -96,7 +110,7 @@ end
 if now >= end_ms then
   return {'ended', end_ms}
 end
-local recovering = redis.call('GET', KEYS[5])
+local recovering = redis.call('GET', KEYS[3])
 if recovering then
   return {'unsure', recovering}
 end
@@ -115,7 +129,7 @@ redis.call('HINCRBY', KEYS[1], 'pending', qty)
 if key ~= '' then
   index = index .. '\n' .. key .. '\t' .. oid
 end
-user_put(KEYS[2], user, held + qty, index)
-redis.call('HSET', KEYS[3], oid, rec_open('P', qty, user, deadline, ''))
-redis.call('ZADD', KEYS[4], deadline, oid)
+user_put(users, user, held + qty, index)
+redis.call('HSET', orders, oid, rec_open('P', qty, user, deadline, ''))
+redis.call('ZADD', KEYS[2], deadline, oid)
 return {'ok', oid, deadline}

@@ -2,7 +2,8 @@
 -- Redis. Idempotent: an order already settled (K or F) changes nothing, so a
 -- redelivered batch is harmless.
 --
--- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
+-- KEYS[1] meta, KEYS[2] deadlines (see reserve.lua; records and user entries
+-- are in the sale's buckets, record.lua)
 -- ARGV[1] stock-event channel, ARGV[2] activity id, ARGV[3] order-event
 -- channel, then five values per order:
 --   order id, outcome ("K" confirmed | "F" failed), reason, quantity, user id
@@ -21,12 +22,14 @@
 if redis.call('HEXISTS', KEYS[1], 'archived') == 1 then
   return 0
 end
-local has_meta = redis.call('EXISTS', KEYS[1]) == 1
+local has_meta = redis.call('HEXISTS', KEYS[1], 'total') == 1
+local nb = sale_buckets(KEYS[1])
 local changed, gave_back, settled = 0, false, {}
 for i = 4, #ARGV, 5 do
   local oid, outcome, reason = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local qty, user = tonumber(ARGV[i + 3]), ARGV[i + 4]
-  local rec = redis.call('HGET', KEYS[3], oid)
+  local orders = order_key(KEYS[1], nb, oid)
+  local rec = redis.call('HGET', orders, oid)
   local state
   if rec then
     local s, q, u = rec_parse(rec)
@@ -42,18 +45,20 @@ for i = 4, #ARGV, 5 do
       end
     end
     if outcome ~= 'K' then
-      local held, index = user_get(KEYS[2], user)
-      user_put(KEYS[2], user, held - qty, index)
+      local users = user_key(KEYS[1], nb, user)
+      local held, index = user_get(users, user)
+      user_put(users, user, held - qty, index)
       gave_back = true
     end
   elseif state == nil and has_meta and outcome == 'K' then
     redis.call('HINCRBY', KEYS[1], 'sold', qty)
-    local held, index = user_get(KEYS[2], user)
-    user_put(KEYS[2], user, held + qty, index)
+    local users = user_key(KEYS[1], nb, user)
+    local held, index = user_get(users, user)
+    user_put(users, user, held + qty, index)
   end
   if state ~= 'K' and state ~= 'F' then
-    redis.call('HSET', KEYS[3], oid, rec_done(outcome, qty, user, reason))
-    redis.call('ZREM', KEYS[4], oid)
+    redis.call('HSET', orders, oid, rec_done(outcome, qty, user, reason))
+    redis.call('ZREM', KEYS[2], oid)
     changed = changed + 1
     settled[changed] = oid .. '|' .. outcome .. '|' .. reason
   end

@@ -5,7 +5,8 @@
 -- pending is recounted here from the reservation records, atomically with
 -- respect to reserve.lua.
 --
--- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
+-- KEYS[1] meta, KEYS[2] deadlines (see reserve.lua; records and user entries
+-- are in the sale's buckets, record.lua)
 -- ARGV[1] total stock (MySQL), ARGV[2] units sold (MySQL), ARGV[3] pub/sub
 -- channel, ARGV[4] activity id, ARGV[5..] user id, units pairs (MySQL's
 -- per-user confirmed totals)
@@ -19,28 +20,14 @@ if not cur[1] then
   return {'missing'}
 end
 local total, sold = tonumber(ARGV[1]), tonumber(ARGV[2])
-local pending, stale = 0, 0
 local held = {}
 for i = 5, #ARGV, 2 do
   held[ARGV[i]] = (held[ARGV[i]] or 0) + tonumber(ARGV[i + 1])
 end
-local ids = redis.call('ZRANGE', KEYS[4], 0, -1)
-for _, oid in ipairs(ids) do
-  local rec = redis.call('HGET', KEYS[3], oid)
-  local state, qty, user
-  if rec then
-    state, qty, user = rec_parse(rec)
-  end
-  if state == 'P' or state == 'C' then
-    pending = pending + qty
-    held[user] = (held[user] or 0) + qty
-  else
-    redis.call('ZREM', KEYS[4], oid)
-    stale = stale + 1
-  end
-end
+local nb = sale_buckets(KEYS[1])
+local pending, stale = open_recount(KEYS[1], nb, KEYS[2], held)
 -- Counts from MySQL and the open records; the users' key indexes stay.
-users_rebuild(KEYS[2], held)
+users_rebuild(KEYS[1], nb, held)
 redis.call('HSET', KEYS[1], 'total', total, 'sold', sold, 'pending', pending)
 if total - sold - pending > tonumber(cur[1]) - tonumber(cur[2]) - tonumber(cur[3]) then
   redis.call('PUBLISH', ARGV[3], ARGV[4])

@@ -2,7 +2,8 @@
 -- Safe to repeat and safe while the sale runs: counters of a live sale
 -- (sold, pending, users) are kept, only its settings change.
 --
--- KEYS[1] meta, KEYS[2] users, KEYS[3] orders, KEYS[4] deadlines (see reserve.lua)
+-- KEYS[1] meta, KEYS[2] deadlines (see reserve.lua; records and user entries
+-- are in the sale's buckets, record.lua)
 -- ARGV[1] total stock, ARGV[2] per-user limit, ARGV[3] start ms, ARGV[4] end ms,
 -- ARGV[5] units sold in MySQL, ARGV[6] flags: "u" when user totals follow,
 -- "c" create only (a rebuild: a sale that exists is left alone, since its
@@ -39,7 +40,11 @@ local gen = tonumber(ARGV[9])
 if not gen then
   return {'bad_args'}
 end
-local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'archived', 'gen')
+local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'archived', 'gen', 'buckets')
+-- A sale keeps its bucket count for life; one built now takes the count
+-- restore.lua chose before it (kept in meta, even in an archive's summary),
+-- else one from its stock.
+local nb = tonumber(cur[6]) or buckets_for(total)
 local reopen = false
 if cur[4] then
   if gen <= (tonumber(cur[5]) or 0) then
@@ -71,6 +76,9 @@ end
 if reopen then
   redis.call('DEL', KEYS[1]) -- the summary and its TTL
 end
+-- Records written while the sale was not in Redis (a tombstone, a settle)
+-- or by a version before buckets go into the buckets.
+orders_unbucketed(KEYS[1], nb)
 -- Only the meta hash may have been lost (eviction, a partial flush): open
 -- reservations that survived still hold units, so count them back in, or their
 -- later settle or release would drive pending below zero.
@@ -78,24 +86,11 @@ local held = {}
 for i = 10, #ARGV, 2 do
   held[ARGV[i]] = (held[ARGV[i]] or 0) + tonumber(ARGV[i + 1])
 end
-local pending = 0
-for _, oid in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
-  local rec = redis.call('HGET', KEYS[3], oid)
-  local state, qty, user
-  if rec then
-    state, qty, user = rec_parse(rec)
-  end
-  if state == 'P' or state == 'C' then
-    pending = pending + qty
-    held[user] = (held[user] or 0) + qty
-  else
-    redis.call('ZREM', KEYS[4], oid)
-  end
-end
+local pending = open_recount(KEYS[1], nb, KEYS[2], held)
 -- The counts are MySQL's and the open records'; key indexes that survived
 -- (or that a restore wrote first, see restore.lua) stay.
-users_rebuild(KEYS[2], held)
+users_rebuild(KEYS[1], nb, held)
 redis.call('HSET', KEYS[1], 'total', total, 'sold', sold, 'pending', pending,
-  'limit', limit, 'start', start_ms, 'end', end_ms, 'gen', gen)
+  'limit', limit, 'start', start_ms, 'end', end_ms, 'gen', gen, 'buckets', nb)
 redis.call('PUBLISH', ARGV[7], ARGV[8])
 return {'created'}

@@ -69,7 +69,7 @@ func TestUserEntryKeepsItsKeys(t *testing.T) {
 	// A restore adds the keys Redis does not know, also for a user without an
 	// entry, and leaves the ones it knows alone.
 	other, mysqlOnly := ordermsg.NewOrderID(id), ordermsg.NewOrderID(id)
-	servicetest.Must(t, st.Restore(ctx, id, []reservation.Decided{
+	servicetest.Must(t, st.Restore(ctx, id, 10, []reservation.Decided{
 		{OrderID: other, UserID: "u", IdempotencyKey: "k1", Quantity: 1, Confirmed: true},
 		{OrderID: mysqlOnly, UserID: "v", IdempotencyKey: "kv", Quantity: 2, Reason: "sold_out"},
 	}), "restore")

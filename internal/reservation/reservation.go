@@ -6,10 +6,13 @@ package reservation
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,13 +47,15 @@ func (s State) Public() string {
 func (s State) String() string { return string(s) }
 
 // Keys names the Redis keys of one activity. All share the {act:ID} hash tag.
+// The records and the user entries are in buckets (Order, User), small hashes
+// whose count the sale's meta holds ("buckets", see lua/record.lua).
 type Keys struct {
-	// Users maps a user id to the units it holds and its idempotency keys'
-	// order ids (lua/record.lua).
-	Meta, Users, Orders, Deadlines string
+	Meta, Deadlines string
 	// Recovering exists while a sale rebuilt after a Redis loss may have
 	// orders in flight whose keys Redis forgot.
 	Recovering string
+	// Base is what every key of the sale starts with ("<prefix>{act:ID}:").
+	Base string
 }
 
 // KeysFor returns the keys of activity id under prefix.
@@ -58,11 +63,62 @@ func KeysFor(prefix string, id int64) Keys {
 	base := prefix + "{act:" + strconv.FormatInt(id, 10) + "}:"
 	return Keys{
 		Meta:       base + "meta",
-		Users:      base + "users",
-		Orders:     base + "orders",
 		Deadlines:  base + "deadlines",
 		Recovering: base + "recovering",
+		Base:       base,
 	}
+}
+
+// Bucket kinds: records (order id -> record) and user entries (user id ->
+// units held and idempotency keys).
+const (
+	OrderBuckets = 'o'
+	UserBuckets  = 'u'
+)
+
+// Bucket is the bucket of id in a sale of n buckets: the first 32 bits of
+// SHA-1 of id (big-endian) mod n, as lua/record.lua computes it.
+func Bucket(n int64, id string) int64 {
+	sum := sha1.Sum([]byte(id))
+	return int64(binary.BigEndian.Uint32(sum[:4])) % n
+}
+
+// Hash names the hash of kind (OrderBuckets, UserBuckets) that holds id in a
+// sale of n buckets; n = 0 is a sale without buckets (warmed by a version
+// before them, or not in Redis), whose hashes are "orders" and "users".
+func (k Keys) Hash(kind byte, n int64, id string) string {
+	if n <= 0 {
+		return k.unbucketed(kind)
+	}
+	return k.Base + string(kind) + ":" + strconv.FormatInt(Bucket(n, id), 10)
+}
+
+// ReserveKeys are the KEYS of reserve.lua for user and order oid in a sale
+// of n buckets.
+func (k Keys) ReserveKeys(n int64, user, oid string) []string {
+	return []string{k.Meta, k.Deadlines, k.Recovering, k.Order(n, oid), k.User(n, user)}
+}
+
+// Order and User name the hashes of order oid's record and user uid's entry.
+func (k Keys) Order(n int64, oid string) string { return k.Hash(OrderBuckets, n, oid) }
+func (k Keys) User(n int64, uid string) string  { return k.Hash(UserBuckets, n, uid) }
+
+// Hashes lists every hash of kind a sale of n buckets may hold: the
+// unbucketed one first, then each bucket (as sale_hashes in lua/record.lua).
+func (k Keys) Hashes(kind byte, n int64) []string {
+	out := make([]string, 0, n+1)
+	out = append(out, k.unbucketed(kind))
+	for b := int64(0); b < n; b++ {
+		out = append(out, k.Base+string(kind)+":"+strconv.FormatInt(b, 10))
+	}
+	return out
+}
+
+func (k Keys) unbucketed(kind byte) string {
+	if kind == OrderBuckets {
+		return k.Base + "orders"
+	}
+	return k.Base + "users"
 }
 
 // Channel is the pub/sub channel on which an activity id is published whenever
@@ -105,12 +161,17 @@ type Client interface {
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	ZAddXX(ctx context.Context, key string, members ...redis.Z) *redis.IntCmd
 	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
+	Pipeline() redis.Pipeliner
 }
 
 // Store runs the purchase-path scripts against one Redis under one key prefix.
 type Store struct {
 	rdb    Client
 	prefix string
+	// buckets caches each sale's bucket count (activity id -> int64) for
+	// Reserve, which names its buckets in KEYS; reserve.lua refuses a stale
+	// count, and the count changes only when a sale is built anew.
+	buckets sync.Map
 }
 
 // New returns a store; prefix isolates stacks that share a Redis.
@@ -121,6 +182,48 @@ func (s *Store) Prefix() string { return s.prefix }
 
 // Keys returns the keys of activity id.
 func (s *Store) Keys(id int64) Keys { return KeysFor(s.prefix, id) }
+
+// Buckets reads the bucket count of a sale from its meta; 0 when it has
+// none (a sale without buckets, or not in Redis: see Keys.Hash).
+func (s *Store) Buckets(ctx context.Context, activityID int64) (int64, error) {
+	v, err := s.rdb.HGet(ctx, s.Keys(activityID).Meta, "buckets").Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the buckets of activity %d: %w", activityID, err)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("activity %d: %w: buckets %q", activityID, ErrScript, v)
+	}
+	return n, nil
+}
+
+// OrderHash and UserHash name the hash holding order oid's record and user
+// uid's entry in the sale as it is now.
+func (s *Store) OrderHash(ctx context.Context, activityID int64, oid string) (string, error) {
+	n, err := s.Buckets(ctx, activityID)
+	return s.Keys(activityID).Order(n, oid), err
+}
+
+func (s *Store) UserHash(ctx context.Context, activityID int64, uid string) (string, error) {
+	n, err := s.Buckets(ctx, activityID)
+	return s.Keys(activityID).User(n, uid), err
+}
+
+// SaleKeys lists every key activity id may hold in Redis now (its meta,
+// deadlines, recovering mark, and every hash of its records and users).
+func (s *Store) SaleKeys(ctx context.Context, activityID int64) ([]string, error) {
+	n, err := s.Buckets(ctx, activityID)
+	if err != nil {
+		return nil, err
+	}
+	k := s.Keys(activityID)
+	out := []string{k.Meta, k.Deadlines, k.Recovering}
+	out = append(out, k.Hashes(OrderBuckets, n)...)
+	return append(out, k.Hashes(UserBuckets, n)...), nil
+}
 
 // Outcome of a reservation attempt.
 type Outcome string
@@ -179,14 +282,37 @@ var ErrScript = errors.New("unexpected script reply")
 // Reserve checks and reserves in one round trip.
 func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	k := s.Keys(r.ActivityID)
-	v, err := lua.Reserve.Run(ctx, s.rdb,
-		[]string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering},
-		r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds()).Slice()
-	if err != nil {
-		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+	var n int64
+	if c, ok := s.buckets.Load(r.ActivityID); ok {
+		n = c.(int64)
+	} else {
+		// First use in this process: read the count rather than guess, so
+		// that the reserve sent is the one that runs (a late copy of a
+		// guessed one would only be answered "buckets").
+		var err error
+		if n, err = s.Buckets(ctx, r.ActivityID); err != nil {
+			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+		}
+		s.buckets.Store(r.ActivityID, n)
 	}
-	if len(v) == 0 {
-		return Result{}, fmt.Errorf("reserve activity %d: %w: empty", r.ActivityID, ErrScript)
+	var v []any
+	for try := 0; ; try++ {
+		var err error
+		v, err = lua.Reserve.Run(ctx, s.rdb, k.ReserveKeys(n, r.UserID, r.OrderID),
+			r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds(), n).Slice()
+		if err != nil {
+			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+		}
+		if len(v) == 0 {
+			return Result{}, fmt.Errorf("reserve activity %d: %w: empty", r.ActivityID, ErrScript)
+		}
+		// The sale has another bucket count than the cache's (first use,
+		// or a sale built anew): once more with its count.
+		if str(v[0]) != "buckets" || try > 0 {
+			break
+		}
+		n = num(at(v, 1))
+		s.buckets.Store(r.ActivityID, n)
 	}
 	res := Result{Outcome: Outcome(str(v[0]))}
 	switch res.Outcome {
@@ -217,6 +343,8 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	case Unsure:
 		res.Recovery = str(at(v, 1))
 	case NotFound, NotStarted, Ended, SoldOut, IDConflict, Undone:
+	case "buckets": // twice: the count moved between the two calls
+		return Result{}, fmt.Errorf("reserve activity %d: the bucket count moved to %d during the call", r.ActivityID, num(at(v, 1)))
 	default:
 		return Result{}, fmt.Errorf("reserve activity %d: %w: %v", r.ActivityID, ErrScript, v)
 	}
@@ -242,7 +370,7 @@ const (
 // Release gives a still-pending reservation back and marks it failed with reason.
 func (s *Store) Release(ctx context.Context, activityID int64, orderID, reason string) (ReleaseOutcome, error) {
 	k := s.Keys(activityID)
-	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines},
+	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines},
 		orderID, reason, Channel(s.prefix), activityID).Slice()
 	if err != nil {
 		return "", fmt.Errorf("release %s: %w", orderID, err)
@@ -258,7 +386,7 @@ func (s *Store) Release(ctx context.Context, activityID int64, orderID, reason s
 // means: nothing is, or ever will be, reserved under orderID.
 func (s *Store) Undo(ctx context.Context, activityID int64, orderID, reason, userID, idemKey string) (ReleaseOutcome, error) {
 	k := s.Keys(activityID)
-	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines},
+	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines},
 		orderID, reason, Channel(s.prefix), activityID, idemKey, userID).Slice()
 	if err != nil {
 		return "", fmt.Errorf("release %s: %w", orderID, err)
@@ -269,7 +397,7 @@ func (s *Store) Undo(ctx context.Context, activityID int64, orderID, reason, use
 // MarkQueued notes on an order's record that the broker confirmed its
 // message (lua/queued.lua); it reports whether the record was marked.
 func (s *Store) MarkQueued(ctx context.Context, activityID int64, orderID string) (bool, error) {
-	n, err := lua.Queued.Run(ctx, s.rdb, []string{s.Keys(activityID).Orders}, orderID).Int64()
+	n, err := lua.Queued.Run(ctx, s.rdb, []string{s.Keys(activityID).Meta}, orderID).Int64()
 	if err != nil {
 		return false, fmt.Errorf("mark order %s queued: %w", orderID, err)
 	}
@@ -285,7 +413,7 @@ func (s *Store) Claim(ctx context.Context, activityID int64, orderIDs []string) 
 	for i, id := range orderIDs {
 		args[i] = id
 	}
-	v, err := lua.Claim.Run(ctx, s.rdb, []string{s.Keys(activityID).Orders}, args...).StringSlice()
+	v, err := lua.Claim.Run(ctx, s.rdb, []string{s.Keys(activityID).Meta}, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("claim %d orders of activity %d: %w", len(orderIDs), activityID, err)
 	}
@@ -326,7 +454,7 @@ func (s *Store) Settle(ctx context.Context, activityID int64, orders []Settlemen
 		}
 		args = append(args, o.OrderID, outcome, o.Reason, o.Quantity, o.UserID)
 	}
-	n, err := lua.Settle.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines}, args...).Int64()
+	n, err := lua.Settle.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines}, args...).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("settle %d orders of activity %d: %w", len(orders), activityID, err)
 	}
@@ -397,7 +525,7 @@ func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOut
 			args = append(args, u, n)
 		}
 	}
-	v, err := lua.Warm.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines}, args...).Slice()
+	v, err := lua.Warm.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines}, args...).Slice()
 	if err != nil {
 		return "", Sale{}, fmt.Errorf("warm activity %d: %w", activityID, err)
 	}
@@ -501,7 +629,7 @@ func ParseRecord(orderID, raw string) (Record, error) {
 
 // Order reads one order's record; found is false when Redis has none.
 func (s *Store) Order(ctx context.Context, activityID int64, orderID string) (Record, bool, error) {
-	raw, err := s.rdb.HGet(ctx, s.Keys(activityID).Orders, orderID).Result()
+	raw, err := lua.Order.Run(ctx, s.rdb, []string{s.Keys(activityID).Meta}, orderID).Text()
 	if errors.Is(err, redis.Nil) {
 		return Record{}, false, nil
 	}
@@ -551,7 +679,7 @@ type ArchiveArgs struct {
 // the id off the activity set (Deactivate).
 func (s *Store) Archive(ctx context.Context, activityID int64, a ArchiveArgs) (out ArchiveOutcome, gen int64, err error) {
 	k := s.Keys(activityID)
-	v, err := lua.Archive.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines},
+	v, err := lua.Archive.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines},
 		a.Gen, a.Total, a.Sold, a.Grace.Milliseconds(), a.SummaryTTL.Milliseconds()).Slice()
 	if err != nil {
 		return "", 0, fmt.Errorf("archive activity %d: %w", activityID, err)
@@ -646,7 +774,11 @@ func ParseUser(raw string) (UserEntry, error) {
 
 // User reads a user's entry; a user without one holds nothing.
 func (s *Store) User(ctx context.Context, activityID int64, userID string) (UserEntry, error) {
-	raw, err := s.rdb.HGet(ctx, s.Keys(activityID).Users, userID).Result()
+	n, err := s.Buckets(ctx, activityID)
+	if err != nil {
+		return UserEntry{}, err
+	}
+	raw, err := s.rdb.HGet(ctx, s.Keys(activityID).User(n, userID), userID).Result()
 	if errors.Is(err, redis.Nil) {
 		return UserEntry{Keys: map[string]string{}}, nil
 	}
@@ -695,17 +827,54 @@ func (s *Store) Records(ctx context.Context, activityID int64, orderIDs []string
 	if len(orderIDs) == 0 {
 		return out, nil
 	}
-	raw, err := s.rdb.HMGet(ctx, s.Keys(activityID).Orders, orderIDs...).Result()
+	n, err := s.Buckets(ctx, activityID)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := s.hmget(ctx, s.Keys(activityID), n, orderIDs)
 	if err != nil {
 		return nil, fmt.Errorf("read %d orders of activity %d: %w", len(orderIDs), activityID, err)
 	}
 	for i, r := range raw {
-		rs, ok := r.(string)
-		if !ok {
+		if r == nil {
 			continue
 		}
-		if out[i], err = ParseRecord(orderIDs[i], rs); err != nil {
+		if out[i], err = ParseRecord(orderIDs[i], *r); err != nil {
 			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// hmget reads the records of orderIDs from their buckets in one round trip
+// (one HMGET per bucket, pipelined), in order; nil where there is none.
+func (s *Store) hmget(ctx context.Context, k Keys, n int64, orderIDs []string) ([]*string, error) {
+	byHash := map[string][]int{}
+	for i, oid := range orderIDs {
+		h := k.Order(n, oid)
+		byHash[h] = append(byHash[h], i)
+	}
+	p := s.rdb.Pipeline()
+	cmds := make(map[string]*redis.SliceCmd, len(byHash))
+	for h, idx := range byHash {
+		ids := make([]string, len(idx))
+		for j, i := range idx {
+			ids[j] = orderIDs[i]
+		}
+		cmds[h] = p.HMGet(ctx, h, ids...)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]*string, len(orderIDs))
+	for h, idx := range byHash {
+		v := cmds[h].Val()
+		for j, i := range idx {
+			if j < len(v) {
+				if rs, ok := v[j].(string); ok {
+					out[i] = &rs
+				}
+			}
 		}
 	}
 	return out, nil
@@ -727,7 +896,7 @@ func (s *Store) Sync(ctx context.Context, activityID, total, sold int64, users m
 	for u, n := range users {
 		args = append(args, u, n)
 	}
-	v, err := lua.Sync.Run(ctx, s.rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines}, args...).Slice()
+	v, err := lua.Sync.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines}, args...).Slice()
 	if err != nil {
 		return SyncResult{}, fmt.Errorf("sync activity %d: %w", activityID, err)
 	}
@@ -752,20 +921,12 @@ func (s *Store) Open(ctx context.Context, activityID int64, max int64) ([]Record
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	raw, err := s.rdb.HMGet(ctx, k.Orders, ids...).Result()
+	recs, err := s.Records(ctx, activityID, ids)
 	if err != nil {
 		return nil, fmt.Errorf("open orders of activity %d: %w", activityID, err)
 	}
 	out := make([]Record, 0, len(ids))
-	for i, r := range raw {
-		rs, ok := r.(string)
-		if !ok {
-			continue
-		}
-		rec, err := ParseRecord(ids[i], rs)
-		if err != nil {
-			return nil, err
-		}
+	for _, rec := range recs {
 		if rec.State == Pending || rec.State == Claimed {
 			out = append(out, rec)
 		}
@@ -818,16 +979,17 @@ func (s *Store) EndRecovery(ctx context.Context, activityID int64, token string)
 // wins (lua/restore.lua). Orders without a key are skipped.
 func (s *Store) RestoreKeys(ctx context.Context, activityID int64, orders []Decided) error {
 	k := s.Keys(activityID)
-	args := make([]any, 0, 6*len(orders))
+	args := make([]any, 0, 1+6*len(orders))
+	args = append(args, 0) // the sale exists: restore.lua chooses no bucket count
 	for _, o := range orders {
 		if o.IdempotencyKey != "" {
 			args = append(args, o.OrderID, "", "", o.Quantity, o.UserID, o.IdempotencyKey)
 		}
 	}
-	if len(args) == 0 {
+	if len(args) == 1 {
 		return nil
 	}
-	if err := lua.Restore.Run(ctx, s.rdb, []string{k.Users, k.Orders}, args...).Err(); err != nil {
+	if err := lua.Restore.Run(ctx, s.rdb, []string{k.Meta}, args...).Err(); err != nil {
 		return fmt.Errorf("restore keys of %d orders of activity %d: %w", len(orders), activityID, err)
 	}
 	return nil
@@ -846,11 +1008,16 @@ type Decided struct {
 // one reopens, so that a client retrying with its Idempotency-Key gets its
 // order again instead of a second one. What Redis holds wins: anything it
 // learnt is newer.
-func (s *Store) Restore(ctx context.Context, activityID int64, orders []Decided) error {
+//
+// total is MySQL's stock of the sale: a sale built anew takes its bucket
+// count from it (0: the records go to the unbucketed hashes, which the warm
+// that builds the sale moves into buckets).
+func (s *Store) Restore(ctx context.Context, activityID, total int64, orders []Decided) error {
 	k := s.Keys(activityID)
 	for start := 0; start < len(orders); start += 500 {
 		chunk := orders[start:min(start+500, len(orders))]
-		args := make([]any, 0, 6*len(chunk))
+		args := make([]any, 0, 1+6*len(chunk))
+		args = append(args, total)
 		for _, o := range chunk {
 			state := "F"
 			if o.Confirmed {
@@ -858,7 +1025,7 @@ func (s *Store) Restore(ctx context.Context, activityID int64, orders []Decided)
 			}
 			args = append(args, o.OrderID, state, o.Reason, o.Quantity, o.UserID, o.IdempotencyKey)
 		}
-		if err := lua.Restore.Run(ctx, s.rdb, []string{k.Users, k.Orders}, args...).Err(); err != nil {
+		if err := lua.Restore.Run(ctx, s.rdb, []string{k.Meta}, args...).Err(); err != nil {
 			return fmt.Errorf("restore %d orders of activity %d: %w", len(chunk), activityID, err)
 		}
 	}

@@ -27,6 +27,37 @@ func redisNow(t testing.TB, rdb redis.UniversalClient) time.Time {
 	return now
 }
 
+// userHash names the hash holding user uid's entry in sale id.
+func userHash(t testing.TB, st *reservation.Store, id int64, uid string) string {
+	t.Helper()
+	h, err := st.UserHash(context.Background(), id, uid)
+	servicetest.Must(t, err, "user hash")
+	return h
+}
+
+// userEntries is every user entry of sale id, from all its hashes.
+func userEntries(t testing.TB, st *reservation.Store, rdb redis.UniversalClient, id int64) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	n, err := st.Buckets(ctx, id)
+	servicetest.Must(t, err, "buckets")
+	out := map[string]string{}
+	for _, h := range st.Keys(id).Hashes(reservation.UserBuckets, n) {
+		m, err := rdb.HGetAll(ctx, h).Result()
+		servicetest.Must(t, err, "hgetall %s", h)
+		maps.Copy(out, m)
+	}
+	return out
+}
+
+// lose deletes every key of sale id, as a Redis that lost the sale.
+func lose(t testing.TB, st *reservation.Store, rdb redis.UniversalClient, id int64) {
+	t.Helper()
+	keys, err := st.SaleKeys(context.Background(), id)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, rdb.Del(context.Background(), keys...).Err(), "lose the sale")
+}
+
 // snapshot is every key under a prefix with its full content.
 func snapshot(t testing.TB, rdb redis.UniversalClient, prefix string) map[string]any {
 	t.Helper()
@@ -232,8 +263,9 @@ func TestReserveIdempotentReplay(t *testing.T) {
 	}
 	// The one write of a replay: the pending record is marked adopted (the
 	// replay publishes it; the first attempt's undo may no longer release it).
-	k := st.Keys(id)
-	orders := before[k.Orders].(map[string]string)
+	h, err := st.OrderHash(context.Background(), id, first.OrderID)
+	servicetest.Must(t, err, "order hash")
+	orders := before[h].(map[string]string)
 	orders[first.OrderID] += "a"
 	if after := snapshot(t, rdb, prefix); !reflect.DeepEqual(before, after) {
 		t.Errorf("a replay wrote more than the adopted mark to Redis:\n%v\n%v", before, after)
@@ -277,9 +309,12 @@ func TestReserveRejectsNonIntegerQuantity(t *testing.T) {
 	const id = 9
 	warm(t, st, rdb, id, open)
 	k := st.Keys(id)
+	n, err := st.Buckets(context.Background(), id)
+	servicetest.Must(t, err, "buckets")
 	for _, q := range []string{"1.5", "abc", "", "1e0x"} {
-		v, err := lua.Reserve.Run(context.Background(), rdb, []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering},
-			"u", "", q, ordermsg.NewOrderID(id), ttl.Milliseconds()).Slice()
+		oid := ordermsg.NewOrderID(id)
+		v, err := lua.Reserve.Run(context.Background(), rdb, k.ReserveKeys(n, "u", oid),
+			"u", "", q, oid, ttl.Milliseconds(), n).Slice()
 		servicetest.Must(t, err, "reserve %q", q)
 		if len(v) < 1 || v[0] != "bad_quantity" {
 			t.Errorf("quantity %q: %v, want bad_quantity", q, v)
@@ -347,7 +382,7 @@ func TestReleaseVersusClaim(t *testing.T) {
 		if after.Pending != before.Pending-1 {
 			t.Errorf("pending %d -> %d, want one unit back", before.Pending, after.Pending)
 		}
-		if n, _ := rdb.HExists(ctx, st.Keys(id).Users, "b").Result(); n {
+		if n, _ := rdb.HExists(ctx, userHash(t, st, id, "b"), "b").Result(); n {
 			t.Error("the user still holds the released unit")
 		}
 		// Nothing kept: the same key reserves anew.
@@ -389,7 +424,7 @@ func TestReleaseRetryIsIdempotent(t *testing.T) {
 		if s := meta(t, st, id); s.Pending != 0 {
 			t.Fatalf("after release %d pending = %d, want 0", i, s.Pending)
 		}
-		if held := rdb.HGet(ctx, st.Keys(id).Users, "c").Val(); held != "" {
+		if held := rdb.HGet(ctx, userHash(t, st, id, "c"), "c").Val(); held != "" {
 			t.Fatalf("after release %d user holds %q", i, held)
 		}
 	}
@@ -451,8 +486,7 @@ func TestWarmKeepsLiveCounters(t *testing.T) {
 	}
 	// Rebuild after a loss of the whole sale needs MySQL's user totals when
 	// units were sold (a partial loss: TestWarmAfterMetaLossCountsSurvivingReservations).
-	k := st.Keys(id)
-	servicetest.Must(t, rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "del")
+	lose(t, st, rdb, id)
 	args.Sold = 3
 	if out, _, _ = st.Warm(ctx, id, args); out != reservation.WarmNeedUsers {
 		t.Fatalf("rebuild without users = %s", out)
@@ -461,7 +495,7 @@ func TestWarmKeepsLiveCounters(t *testing.T) {
 	if out, _, _ = st.Warm(ctx, id, args); out != reservation.WarmCreated {
 		t.Fatalf("rebuild = %s", out)
 	}
-	users := rdb.HGetAll(ctx, st.Keys(id).Users).Val()
+	users := userEntries(t, st, rdb, id)
 	if !maps.Equal(users, map[string]string{"a": "2", "b": "1"}) {
 		t.Errorf("users after rebuild = %v", users)
 	}
@@ -472,11 +506,21 @@ func TestWarmKeepsLiveCounters(t *testing.T) {
 
 // BenchmarkReserve is one reservation through the typed wrapper, every call
 // a fresh user so that each one reserves.
-func BenchmarkReserve(b *testing.B) {
+func BenchmarkReserve(b *testing.B) { benchReserve(b, 1<<40) }
+
+// BenchmarkReserveSale is BenchmarkReserve in a sale of 131,072 units (2,048
+// buckets, lua/record.lua), whose buckets fill as it sells; BenchmarkReserve's
+// sale has the most buckets (16,384).
+func BenchmarkReserveSale(b *testing.B) { benchReserve(b, 1<<17) }
+
+func benchReserve(b *testing.B, total int64) {
 	rdb, prefix := servicetest.Redis(b)
 	st := reservation.New(rdb, prefix)
 	const id = 1
-	warm(b, st, rdb, id, sale{total: 1 << 40, limit: 1, start: -time.Hour, end: time.Hour})
+	if int64(b.N) > total {
+		b.Fatalf("%d reservations in a sale of %d units", b.N, total)
+	}
+	warm(b, st, rdb, id, sale{total: total, limit: 1, start: -time.Hour, end: time.Hour})
 	users, oids := make([]string, b.N), make([]string, b.N)
 	for i := range users {
 		users[i], oids[i] = "u"+strconv.Itoa(i), ordermsg.NewOrderID(id)
@@ -530,15 +574,17 @@ func BenchmarkRawEvalSha(b *testing.B) {
 	servicetest.Must(b, lua.Preload(ctx, rdb), "preload")
 	sha := lua.Reserve.Hash()
 	k := st.Keys(id)
-	keys := []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering}
-	users, oids := make([]string, b.N), make([]string, b.N)
+	n, err := st.Buckets(ctx, id)
+	servicetest.Must(b, err, "buckets")
+	users, oids, keys := make([]string, b.N), make([]string, b.N), make([][]string, b.N)
 	for i := range users {
 		users[i], oids[i] = "u"+strconv.Itoa(i), ordermsg.NewOrderID(id)
+		keys[i] = k.ReserveKeys(n, users[i], oids[i])
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := rdb.EvalSha(ctx, sha, keys, users[i], "", 1, oids[i], ttl.Milliseconds()).Err(); err != nil {
+		if err := rdb.EvalSha(ctx, sha, keys[i], users[i], "", 1, oids[i], ttl.Milliseconds(), n).Err(); err != nil {
 			b.Fatal(err)
 		}
 	}

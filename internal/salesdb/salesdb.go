@@ -97,10 +97,11 @@ func KeyOrder(ctx context.Context, q Querier, id int64, user, key string) (reser
 // queue, whose units Redis no longer counts) until a worker consumes the
 // drain marker published with that token, or window passes; then it writes
 // MySQL's decided orders' records and keys back (see
-// reservation.Store.Restore). Run first, a Restore that fails leaves the
+// reservation.Store.Restore; total, MySQL's stock, chooses the bucket
+// count of the sale built anew). Run first, a Restore that fails leaves the
 // sale missing, so the next request or reconcile pass tries again. It
 // returns the recovery token ("" for window 0).
-func Restore(ctx context.Context, q Querier, store *reservation.Store, id int64, window time.Duration) (string, error) {
+func Restore(ctx context.Context, q Querier, store *reservation.Store, id, total int64, window time.Duration) (string, error) {
 	token := ""
 	if window > 0 {
 		token = RecoveryToken()
@@ -112,7 +113,7 @@ func Restore(ctx context.Context, q Querier, store *reservation.Store, id int64,
 	if err != nil {
 		return "", err
 	}
-	return token, store.Restore(ctx, id, orders)
+	return token, store.Restore(ctx, id, total, orders)
 }
 
 // RecoveryToken names one recovery: the moment of the rebuild and 64

@@ -239,13 +239,12 @@ func (d *Drainer) undecided(ctx context.Context, id int64) (int, error) {
 		if len(rest) == 0 {
 			continue
 		}
-		recs, err := d.Redis.HMGet(ctx, reservation.KeysFor(d.Prefix, id).Orders, rest...).Result()
+		recs, err := reservation.New(d.Redis, d.Prefix).Records(ctx, id, rest)
 		if err != nil {
 			return 0, fmt.Errorf("drain: read order records: %w", err)
 		}
-		for i, raw := range recs {
-			s, _ := raw.(string)
-			if rec, err := reservation.ParseRecord(rest[i], s); err != nil || rec.State != reservation.Failed {
+		for _, rec := range recs {
+			if rec.State != reservation.Failed {
 				n++
 			}
 		}

@@ -21,7 +21,7 @@ func drainFixture(t *testing.T, n int, pending int64) (*Drainer, *amqp.Channel) 
 	rc, topo, ch := brokertest.Declare(t)
 	brokertest.Publish(t, ch, topo.Exchange, topo.RoutingKey, n)
 	rdb, prefix := servicetest.Redis(t)
-	rdb.HSet(context.Background(), reservation.KeysFor(prefix, actID).Meta, "total", 10, "pending", pending)
+	rdb.HSet(context.Background(), reservation.KeysFor(prefix, actID).Meta, "total", 10, "pending", pending, "buckets", drainBuckets)
 	d := &Drainer{DB: openDB(t), Redis: rdb, Prefix: prefix, AMQPURL: rc.URL, Queue: topo.Queue,
 		DeadQueue: topo.DeadQueue, Poll: 20 * time.Millisecond}
 	return d, ch
@@ -85,19 +85,24 @@ func TestDrainMissingQueue(t *testing.T) {
 	}
 }
 
+// drainBuckets is the bucket count of the drain fixture's sale: several, so
+// that its records are read from more than one hash.
+const drainBuckets = 4
+
 // An accepted order keeps the drain waiting until it is decided: a MySQL
 // row, or failed in Redis.
 func TestDrainWaitsForAcceptedOrders(t *testing.T) {
 	d, _ := drainFixture(t, 0, 0)
 	d.Accepted = []string{"a1", "a2"}
 	keys := reservation.KeysFor(d.Prefix, actID)
-	d.Redis.HSet(context.Background(), keys.Orders, "a1", "P1|u||", "a2", "K1|u")
+	d.Redis.HSet(context.Background(), keys.Order(drainBuckets, "a1"), "a1", "P1|u||")
+	d.Redis.HSet(context.Background(), keys.Order(drainBuckets, "a2"), "a2", "K1|u")
 	res, err := d.Wait(context.Background(), actID, 300*time.Millisecond, nil)
 	servicetest.Must(t, err, "wait")
 	if res.Drained || res.Final.Undecided != 2 || !strings.Contains(res.Problem, "2 accepted orders undecided") {
 		t.Fatalf("got %+v", res)
 	}
-	d.Redis.HSet(context.Background(), keys.Orders, "a1", "F1|u|released")
+	d.Redis.HSet(context.Background(), keys.Order(drainBuckets, "a1"), "a1", "F1|u|released")
 	_, err = d.DB.Exec("INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES ('a2', ?, 'u', 1, 'confirmed')", actID)
 	servicetest.Must(t, err, "insert")
 	if res, err = d.Wait(context.Background(), actID, 5*time.Second, nil); err != nil || !res.Drained {

@@ -128,45 +128,62 @@ func (c *Checker) otherActivity(ctx context.Context, id int64, ids []string) (in
 func (c *Checker) readRedis(ctx context.Context, id int64) (RedisState, error) {
 	r := RedisState{Records: map[string]reservation.Record{}, Users: map[string]int64{}}
 	k := reservation.KeysFor(c.Prefix, id)
-	sale, found, err := reservation.New(c.Redis, c.Prefix).Sale(ctx, id)
+	store := reservation.New(c.Redis, c.Prefix)
+	sale, found, err := store.Sale(ctx, id)
 	if err != nil {
 		return r, err
 	}
 	r.Found = found
 	r.Total, r.Sold, r.Pending, r.Limit = sale.Total, sale.Sold, sale.Pending, sale.Limit
-	var cursor uint64
-	for {
-		kv, next, err := c.Redis.HScan(ctx, k.Orders, cursor, "", 1000).Result()
-		if err != nil {
-			return r, fmt.Errorf("scan %s: %w", k.Orders, err)
-		}
-		for i := 0; i+1 < len(kv); i += 2 {
-			rec, err := reservation.ParseRecord(kv[i], kv[i+1])
+	n, err := store.Buckets(ctx, id)
+	if err != nil {
+		return r, err
+	}
+	// Every bucket, and the unbucketed hashes: a record anywhere else than
+	// its own bucket is reported, not lost from sight.
+	for _, h := range k.Hashes(reservation.OrderBuckets, n) {
+		var cursor uint64
+		for {
+			kv, next, err := c.Redis.HScan(ctx, h, cursor, "", 1000).Result()
 			if err != nil {
-				r.Unreadable = append(r.Unreadable, fmt.Sprintf("reservation record: %v", err))
-				continue
+				return r, fmt.Errorf("scan %s: %w", h, err)
 			}
-			r.Records[kv[i]] = rec
-		}
-		if cursor = next; cursor == 0 {
-			break
+			for i := 0; i+1 < len(kv); i += 2 {
+				rec, err := reservation.ParseRecord(kv[i], kv[i+1])
+				if err != nil {
+					r.Unreadable = append(r.Unreadable, fmt.Sprintf("reservation record: %v", err))
+					continue
+				}
+				if want := k.Order(n, kv[i]); h != want {
+					r.Unreadable = append(r.Unreadable, fmt.Sprintf("order %s is in %s, not in its bucket %s", kv[i], h, want))
+				}
+				r.Records[kv[i]] = rec
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
 		}
 	}
 	if r.Deadlines, err = c.Redis.ZCard(ctx, k.Deadlines).Result(); err != nil {
 		return r, fmt.Errorf("zcard %s: %w", k.Deadlines, err)
 	}
-	users, err := c.Redis.HGetAll(ctx, k.Users).Result()
-	if err != nil {
-		return r, fmt.Errorf("hgetall %s: %w", k.Users, err)
-	}
-	for u, s := range users {
-		e, err := reservation.ParseUser(s)
+	for _, h := range k.Hashes(reservation.UserBuckets, n) {
+		users, err := c.Redis.HGetAll(ctx, h).Result()
 		if err != nil {
-			r.Unreadable = append(r.Unreadable, fmt.Sprintf("%s has a bad entry %q for user %s", k.Users, s, u))
-			continue
+			return r, fmt.Errorf("hgetall %s: %w", h, err)
 		}
-		if e.Held != 0 {
-			r.Users[u] = e.Held
+		for u, s := range users {
+			e, err := reservation.ParseUser(s)
+			if err != nil {
+				r.Unreadable = append(r.Unreadable, fmt.Sprintf("%s has a bad entry %q for user %s", h, s, u))
+				continue
+			}
+			if want := k.User(n, u); h != want {
+				r.Unreadable = append(r.Unreadable, fmt.Sprintf("user %s is in %s, not in its bucket %s", u, h, want))
+			}
+			if e.Held != 0 {
+				r.Users[u] = e.Held
+			}
 		}
 	}
 	return r, nil

@@ -41,6 +41,10 @@ func openDB(t *testing.T) *sql.DB {
 	return db
 }
 
+// fixtureBuckets is the bucket count of the fixture's sale (lua/record.lua):
+// several, so that the checker walks more than one hash of each kind.
+const fixtureBuckets = 4
+
 // newFixture builds a healthy sale: 10 units, limit 2; users u1..u5 bought
 // one unit each, u6 two, u7's order failed (released); nothing pending.
 func newFixture(t *testing.T) *fixture {
@@ -51,7 +55,7 @@ func newFixture(t *testing.T) *fixture {
 	f.exec(t, "INSERT INTO activities (id, total_stock, stock, sold, per_user_limit, starts_at, ends_at) VALUES (?, 10, 10, 0, 2, ?, ?)",
 		actID, now.Add(-time.Minute), now.Add(time.Hour))
 	f.rdb.HSet(context.Background(), f.keys.Meta, "total", 10, "sold", 0, "pending", 0, "limit", 2,
-		"start", now.Add(-time.Minute).UnixMilli(), "end", now.Add(time.Hour).UnixMilli())
+		"start", now.Add(-time.Minute).UnixMilli(), "end", now.Add(time.Hour).UnixMilli(), "buckets", fixtureBuckets)
 	f.input = Input{ActivityID: actID, Stock: 10, Limit: 2}
 	for i := 1; i <= 5; i++ {
 		f.order(t, fmt.Sprintf("o%d", i), fmt.Sprintf("u%d", i), fmt.Sprintf("k%d", i), 1, "confirmed", "")
@@ -87,13 +91,13 @@ func (f *fixture) order(t *testing.T, id, user, key string, qty int, status, rea
 		f.exec(t, "INSERT INTO purchases (activity_id, user_id, quantity) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE quantity = quantity + VALUES(quantity)",
 			actID, user, qty)
 		f.rdb.HIncrBy(ctx, f.keys.Meta, "sold", int64(qty))
-		f.rdb.HIncrBy(ctx, f.keys.Users, user, int64(qty))
+		f.rdb.HIncrBy(ctx, f.keys.User(fixtureBuckets, user), user, int64(qty))
 	}
 	rec := fmt.Sprintf("K%d|%s", qty, user) // lua/record.lua's encodings
 	if state == "F" {
 		rec = fmt.Sprintf("F%d|%s|%s", qty, user, reason)
 	}
-	f.rdb.HSet(ctx, f.keys.Orders, id, rec)
+	f.rdb.HSet(ctx, f.keys.Order(fixtureBuckets, id), id, rec)
 	f.input.Accepted = append(f.input.Accepted, Accepted{OrderID: id, UserID: user, Key: key})
 }
 
@@ -169,8 +173,8 @@ func TestCheck(t *testing.T) {
 		name: "pending left",
 		break_: func(t *testing.T, f *fixture) {
 			f.rdb.HIncrBy(ctx, f.keys.Meta, "pending", 1)
-			f.rdb.HIncrBy(ctx, f.keys.Users, "u8", 1)
-			f.rdb.HSet(ctx, f.keys.Orders, "o8", "P1|u8|1|")
+			f.rdb.HIncrBy(ctx, f.keys.User(fixtureBuckets, "u8"), "u8", 1)
+			f.rdb.HSet(ctx, f.keys.Order(fixtureBuckets, "o8"), "o8", "P1|u8|1|")
 			f.rdb.ZAdd(ctx, f.keys.Deadlines, redis.Z{Score: 1, Member: "o8"})
 		},
 		want:    Verdict{Sold: 7, Stock: 10, Pending: 1},
@@ -179,8 +183,8 @@ func TestCheck(t *testing.T) {
 		name: "Redis and MySQL disagree",
 		break_: func(t *testing.T, f *fixture) {
 			f.rdb.HIncrBy(ctx, f.keys.Meta, "sold", -1)
-			f.rdb.HSet(ctx, f.keys.Orders, "o3", "F1|u3|released")
-			f.rdb.HDel(ctx, f.keys.Users, "u3")
+			f.rdb.HSet(ctx, f.keys.Order(fixtureBuckets, "o3"), "o3", "F1|u3|released")
+			f.rdb.HDel(ctx, f.keys.User(fixtureBuckets, "u3"), "u3")
 		},
 		want: Verdict{Sold: 7, Stock: 10},
 		reasons: []string{"Redis total 10 sold 6 limit 2, MySQL total_stock 10 sold 7", "o3 confirmed in MySQL, failed in Redis",

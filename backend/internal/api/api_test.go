@@ -527,8 +527,7 @@ func TestPublishFailureReleasesAndKeepsNothing(t *testing.T) {
 	if sale.Pending != 0 || sale.Available() != 3 {
 		t.Errorf("sale after a failed publish = %+v", sale)
 	}
-	k := s.store.Keys(id)
-	if n := s.rdb.HLen(context.Background(), k.Users).Val(); n != 0 { // the user's entry holds both
+	if e, err := s.store.User(context.Background(), id, "u"); err != nil || e.Held != 0 || len(e.Keys) != 0 { // the user's entry holds both
 		t.Error("the user's hold or key survived a failed publish")
 	}
 	servicetest.Must(t, s.ch.QueueBind(s.topo.Queue, s.topo.RoutingKey, s.topo.Exchange, false, nil), "bind")
@@ -668,8 +667,9 @@ func TestRebuildAfterRedisLoss(t *testing.T) {
 	r := s.buy(t, id, "u", "", "")
 	oid, _ := r.body["order_id"].(string)
 	s.settle(t, id, oid, true)
-	k := s.store.Keys(id)
-	servicetest.Must(t, s.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "flush")
+	keys, err := s.store.SaleKeys(context.Background(), id)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, s.rdb.Del(context.Background(), keys...).Err(), "flush")
 	if a := s.do(t, "GET", fmt.Sprintf("/api/v1/activities/%d", id), "", nil); a.status != 200 || a.body["sold"] != 1.0 || a.body["available"] != 4.0 {
 		t.Errorf("activity from MySQL: %d %s", a.status, a.raw)
 	}

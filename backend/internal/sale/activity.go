@@ -125,7 +125,7 @@ func (s *Service) restoreIfBuilt(ctx context.Context, id int64, a mysqlRow) erro
 	}
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	token, err := salesdb.Restore(qctx, s.db, s.store, id, window)
+	token, err := salesdb.Restore(qctx, s.db, s.store, id, a.Total, window)
 	s.sendMarker(id, token)
 	return err
 }
@@ -157,7 +157,7 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		// queued before the loss is then decided. A failure leaves the sale
 		// missing: the next request tries again.
 		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-		token, err := salesdb.Restore(qctx, s.db, s.store, id, s.cfg.RecoveryMax)
+		token, err := salesdb.Restore(qctx, s.db, s.store, id, a.Total, s.cfg.RecoveryMax)
 		cancel()
 		if err != nil {
 			s.m.rebuilt("restore", err)

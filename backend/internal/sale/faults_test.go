@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
+	"maps"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -104,8 +105,14 @@ func (r *rig) purchase(user, key string) (sale.PurchaseResult, error) {
 // records returns the user's records in Redis.
 func (r *rig) records(t *testing.T, user string) []reservation.Record {
 	t.Helper()
-	all, err := r.rdb.HGetAll(context.Background(), r.direct.Keys(act).Orders).Result()
-	servicetest.Must(t, err, "orders")
+	all := map[string]string{}
+	n, err := r.direct.Buckets(context.Background(), act)
+	servicetest.Must(t, err, "buckets")
+	for _, h := range r.direct.Keys(act).Hashes(reservation.OrderBuckets, n) {
+		m, err := r.rdb.HGetAll(context.Background(), h).Result()
+		servicetest.Must(t, err, "orders")
+		maps.Copy(all, m)
+	}
 	var out []reservation.Record
 	for id, raw := range all {
 		rec, err := reservation.ParseRecord(id, raw)
@@ -397,12 +404,13 @@ func TestRedisLossKeepsKeyedRetriesOnOneOrder(t *testing.T) {
 	_, err = r.db.Exec(`INSERT INTO purchases (activity_id, user_id, quantity) VALUES (?, 'done', 1)`, act)
 	servicetest.Must(t, err, "purchases")
 
-	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering).Err(), "lose the sale")
+	keys, err := r.direct.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(ctx, keys...).Err(), "lose the sale")
 
 	res, err := r.purchase("lossy", "k")
 	mustUnavailable(t, res, err)
-	if ttl, _ := r.rdb.PTTL(ctx, k.Recovering).Result(); ttl <= 0 || ttl > time.Hour {
+	if ttl, _ := r.rdb.PTTL(ctx, r.direct.Keys(act).Recovering).Result(); ttl <= 0 || ttl > time.Hour {
 		t.Errorf("recovering mark TTL %v", ttl)
 	}
 	if s := r.sale(t); s.Pending != 0 || s.Sold != 1 {

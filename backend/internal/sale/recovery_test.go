@@ -30,8 +30,9 @@ func TestRecoveryLastsUntilTheQueueDrained(t *testing.T) {
 	if err != nil || queued.Outcome != sale.Accepted {
 		t.Fatalf("first purchase: %+v %v", queued, err)
 	}
-	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering).Err(), "lose the sale")
+	keys, err := r.direct.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(ctx, keys...).Err(), "lose the sale")
 
 	res, err := r.purchase("other", "") // rebuilds the sale, marks it recovering, sends the marker
 	mustUnavailable(t, res, err)
@@ -110,8 +111,9 @@ func TestAdminChangeAfterRedisLossRecovers(t *testing.T) {
 	if err != nil || queued.Outcome != sale.Accepted {
 		t.Fatalf("first purchase: %+v %v", queued, err)
 	}
-	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering).Err(), "lose the sale")
+	keys, err := r.direct.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(ctx, keys...).Err(), "lose the sale")
 	_, _, err = r.svc.PutActivity(ctx, act, sale.Spec{Stock: 20, PerUserLimit: 2,
 		StartsAt: time.Now().Add(-time.Hour), EndsAt: time.Now().Add(time.Hour)})
 	servicetest.Must(t, err, "raise the stock")

@@ -90,8 +90,9 @@ func TestPublishThatMayHaveArrivedIsRefusedInMySQL(t *testing.T) {
 		t.Fatalf("queued %v", q)
 	}
 	// Redis loses the sale (only this test's keys).
-	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose")
+	keys, err := r.direct.SaleKeys(context.Background(), act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(context.Background(), keys...).Err(), "lose")
 	states, err := r.direct.Claim(context.Background(), act, []string{oid})
 	servicetest.Must(t, err, "claim")
 	var status string
@@ -111,8 +112,9 @@ func TestKeyedRetryAfterRedisLossNeverGetsSecondOrderID(t *testing.T) {
 	if err != nil || first.Outcome != sale.Accepted {
 		t.Fatalf("first = %+v %v", first, err)
 	}
-	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose")
+	keys, err := r.direct.SaleKeys(context.Background(), act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(context.Background(), keys...).Err(), "lose")
 	again, err := r.purchase("keyed", "k")
 	if err == nil && again.OrderID != first.OrderID {
 		t.Errorf("retry with key k after the loss = 202 %s; the key was answered with %s (want that order, or 503)", again.OrderID, first.OrderID)
@@ -140,8 +142,9 @@ func TestFailedRestoreIsRetriedByTheNextRequest(t *testing.T) {
 	servicetest.Must(t, err, "purchases")
 	_, err = r.db.Exec(`UPDATE activities SET stock = stock - 1, sold = sold + 1 WHERE id = ?`, act)
 	servicetest.Must(t, err, "sold")
-	k := r.direct.Keys(act)
-	servicetest.Must(t, r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose")
+	keys, err := r.direct.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(ctx, keys...).Err(), "lose")
 	cut := r.fp.Once(faultnet.Rule{Dir: faultnet.Up, Match: faultnet.Contains(lua.Restore.Hash()), Cut: true})
 	res, err := r.purchase("someone", "")
 	select {

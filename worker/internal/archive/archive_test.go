@@ -132,7 +132,7 @@ func TestArchiveLeavesOnlyTheSummary(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	end := r.redisNow().Add(1500 * time.Millisecond)
-	r.open(1, 10, 2, end)                   // ends soon
+	r.open(1, 1000, 2, end)                 // ends soon; 16 buckets (lua/record.lua)
 	r.open(2, 10, 2, end.Add(24*time.Hour)) // stays live
 	ended := r.sell(1, "alice", "bob", "carol")
 	// A released reservation (a failed publish) leaves a failed record.
@@ -144,13 +144,22 @@ func TestArchiveLeavesOnlyTheSummary(t *testing.T) {
 	if got := r.pass(); got[1] != NotDue || got[2] != NotDue {
 		t.Fatalf("before the end: %v", got)
 	}
+	var buckets int
+	for _, k := range r.keys() {
+		if strings.HasPrefix(k, "{act:1}:o:") || strings.HasPrefix(k, "{act:1}:u:") {
+			buckets++
+		}
+	}
+	if buckets < 4 {
+		t.Fatalf("sale 1 holds %d buckets before the archive (%v), want its orders and users spread", buckets, r.keys())
+	}
 	r.waitPast(end)
 
 	if got := r.pass(); got[1] != Archived || got[2] != NotDue {
 		t.Fatalf("after the end: %v", got)
 	}
 	want := []string{"seckill:activities", "{act:1}:meta",
-		"{act:2}:meta", "{act:2}:orders", "{act:2}:users"}
+		"{act:2}:meta", "{act:2}:o:0", "{act:2}:u:0"}
 	if got := r.keys(); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("keys after archiving:\n got %v\nwant %v", got, want)
 	}
@@ -164,7 +173,7 @@ func TestArchiveLeavesOnlyTheSummary(t *testing.T) {
 	}
 	sale, found, err := r.store.Sale(ctx, 1)
 	servicetest.Must(t, err, "sale")
-	if !found || !sale.Archived || sale.Total != 10 || sale.Sold != 3 || sale.Pending != 0 {
+	if !found || !sale.Archived || sale.Total != 1000 || sale.Sold != 3 || sale.Pending != 0 {
 		t.Errorf("summary = %+v (found %v)", sale, found)
 	}
 	if ttl := r.rdb.PTTL(ctx, r.store.Keys(1).Meta).Val(); ttl <= 0 || ttl > time.Hour {

@@ -423,8 +423,9 @@ func TestConsumeRefusedOrderStaysFailedAfterRedisLoss(t *testing.T) {
 		t.Fatalf("undo: %s", out)
 	}
 	s.publishOrders(o) // the message the broker had all along
-	k := s.res.Keys(41)
-	servicetest.Must(t, rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose Redis")
+	keys, err := s.res.SaleKeys(context.Background(), 41)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, rdb.Del(context.Background(), keys...).Err(), "lose Redis")
 	r := s.start(testConfig(s.topo), nil)
 	waitFor(t, "the order decided", func() bool { return s.countOrders() == 1 && s.depth(s.topo.Queue) == 0 })
 	r.shutdown(t)

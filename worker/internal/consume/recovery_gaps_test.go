@@ -57,8 +57,9 @@ func TestReviewMarkerOnAnotherChannelEndsRecoveryEarly(t *testing.T) {
 	o := s.reserve(43, "queued-before-loss", 1)
 	o.IdempotencyKey = "k"
 	s.publishOrders(o)
-	k := s.res.Keys(43)
-	servicetest.Must(t, rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose Redis")
+	lost, err := s.res.SaleKeys(ctx, 43)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, rdb.Del(ctx, lost...).Err(), "lose Redis")
 	s.sale2(43, 1, 1)
 	servicetest.Must(t, s.res.MarkRecovering(ctx, 43, "tok", time.Hour), "mark recovering")
 	s.publishMarker(ordermsg.Marker{ActivityID: 43, Token: "tok"})
@@ -122,8 +123,9 @@ func TestReviewOrderQueuedBehindTheMarkerIsNotCounted(t *testing.T) {
 	s.sale(44, 1, 1)
 	o := s.reserve(44, "slow-publish", 1) // its publish is on its way
 	o.IdempotencyKey = "k"
-	k := s.res.Keys(44)
-	servicetest.Must(t, rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose Redis")
+	lost, err := s.res.SaleKeys(ctx, 44)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, rdb.Del(ctx, lost...).Err(), "lose Redis")
 	s.sale2(44, 1, 1)
 	servicetest.Must(t, s.res.MarkRecovering(ctx, 44, "tok", time.Hour), "mark recovering")
 	s.publishMarker(ordermsg.Marker{ActivityID: 44, Token: "tok"})
@@ -191,8 +193,9 @@ func TestReviewRecoveryEndsBeforeTheQueuedOrdersAreSettled(t *testing.T) {
 	o := s.reserve(45, "queued-before-loss", 1)
 	o.IdempotencyKey = "k"
 	s.publishOrders(o)
-	k := s.res.Keys(45)
-	servicetest.Must(t, rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose Redis")
+	lost, err := s.res.SaleKeys(ctx, 45)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, rdb.Del(ctx, lost...).Err(), "lose Redis")
 	s.sale2(45, 1, 1)
 	servicetest.Must(t, s.res.MarkRecovering(ctx, 45, "tok", time.Hour), "mark recovering")
 	s.publishMarker(ordermsg.Marker{ActivityID: 45, Token: "tok"})
@@ -267,8 +270,9 @@ func TestReviewRebuildWarmsWithSoldReadBeforeTheRestore(t *testing.T) {
 	s.sale(46, 1, 1)
 	o := s.reserve(46, "queued-before-loss", 1)
 	s.publishOrders(o)
-	k := s.res.Keys(46)
-	servicetest.Must(t, rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose Redis")
+	lost, err := s.res.SaleKeys(ctx, 46)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, rdb.Del(ctx, lost...).Err(), "lose Redis")
 
 	// rebuild, step 1: loadActivity reads the row.
 	var sold int64
@@ -286,7 +290,7 @@ func TestReviewRebuildWarmsWithSoldReadBeforeTheRestore(t *testing.T) {
 
 	// rebuild, step 2: Restore (marks recovering, MySQL's decided orders
 	// back), then the create-only warm with the row of step 1.
-	token, err := salesdb.Restore(ctx, s.db, s.res, 46, time.Hour)
+	token, err := salesdb.Restore(ctx, s.db, s.res, 46, 1, time.Hour)
 	servicetest.Must(t, err, "restore")
 	out, _, err := s.res.Warm(ctx, 46, reservation.WarmArgs{Total: 1, Limit: 1, Start: start, End: end, Sold: sold,
 		Users: map[string]int64{}, CreateOnly: true})

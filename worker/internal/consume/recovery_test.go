@@ -51,8 +51,9 @@ func TestConsumeDrainMarkerEndsRecoveryAfterTheOrdersBeforeIt(t *testing.T) {
 	o.IdempotencyKey = "k"
 	s.publishOrders(o)
 	// Redis loses the sale; a backend rebuilds it and marks it recovering.
-	k := s.res.Keys(42)
-	servicetest.Must(t, rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines).Err(), "lose Redis")
+	keys, err := s.res.SaleKeys(ctx, 42)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, rdb.Del(ctx, keys...).Err(), "lose Redis")
 	s.sale2(42, 10, 1)
 	servicetest.Must(t, s.res.MarkRecovering(ctx, 42, "new", time.Hour), "mark recovering")
 	s.publishMarker(ordermsg.Marker{ActivityID: 42, Token: "old"}) // a marker of an earlier recovery

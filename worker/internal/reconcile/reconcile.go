@@ -282,7 +282,7 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 	}
 	// Before the sale exists again: decided orders get their records and
 	// keys back, and the sale recovers until its drain marker is taken.
-	if _, err := salesdb.Restore(ctx, c.db, c.store, id, c.recovery); err != nil {
+	if _, err := salesdb.Restore(ctx, c.db, c.store, id, ms.total, c.recovery); err != nil {
 		return err
 	}
 	out, _, err := c.store.Warm(ctx, id, reservation.WarmArgs{

@@ -116,8 +116,15 @@ func TestForceSettlesAndSyncsExactly(t *testing.T) {
 	if rec.State != reservation.Confirmed {
 		t.Errorf("bob's order %v, want confirmed", rec.State)
 	}
-	held, _ := r.rdb.HGetAll(context.Background(), r.store.Keys(act).Users).Result()
-	if held["alice"] != "2" || held["bob"] != "1" || held["carol"] != "1" || len(held) != 3 {
+	held := map[string]int64{}
+	for _, u := range []string{"alice", "bob", "carol", "dave"} {
+		e, err := r.store.User(context.Background(), act, u)
+		servicetest.Must(t, err, "user %s", u)
+		if e.Held != 0 {
+			held[u] = e.Held
+		}
+	}
+	if held["alice"] != 2 || held["bob"] != 1 || held["carol"] != 1 || len(held) != 3 {
 		t.Errorf("users = %v", held)
 	}
 }
@@ -162,8 +169,9 @@ func TestLostSaleIsRebuilt(t *testing.T) {
 	r, ids := newRig(t)
 	_, err := r.db.Exec(`UPDATE orders SET idempotency_key = 'key-a' WHERE order_id = ?`, ids["alice"])
 	servicetest.Must(t, err, "set key")
-	k := r.store.Keys(act)
-	r.rdb.Del(context.Background(), k.Meta, k.Users, k.Orders, k.Deadlines)
+	keys, err := r.store.SaleKeys(context.Background(), act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(context.Background(), keys...).Err(), "lose")
 	rep := r.pass(t, false)
 	if !strings.Contains(strings.Join(rep.Repairs, ";"), "rebuilt") {
 		t.Fatalf("repairs = %v", rep.Repairs)
@@ -205,12 +213,13 @@ func TestArchivedSaleIsNotRebuilt(t *testing.T) {
 	ctx := context.Background()
 	_, err := r.db.Exec(`UPDATE activities SET archived_at = UTC_TIMESTAMP(3) WHERE id = ?`, act)
 	servicetest.Must(t, err, "archive in MySQL")
-	k := r.store.Keys(act)
-	r.rdb.Del(ctx, k.Meta, k.Users, k.Orders, k.Deadlines)
+	keys, err := r.store.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(ctx, keys...).Err(), "lose")
 	if rep := r.pass(t, false); !rep.Archived || len(rep.Repairs) != 0 {
 		t.Fatalf("report %s", rep)
 	}
-	if n := r.rdb.Exists(ctx, k.Meta, k.Users, k.Orders).Val(); n != 0 {
+	if n := r.rdb.Exists(ctx, keys...).Val(); n != 0 {
 		t.Errorf("%d keys of the archived sale came back", n)
 	}
 	if ids, _ := r.store.Activities(ctx); len(ids) != 0 {
@@ -234,9 +243,12 @@ func TestReopenedSaleIsRebuiltFromItsSummary(t *testing.T) {
 	k := r.store.Keys(act)
 	// Archived at generation 0 (carol's open reservation dropped with it, as
 	// if released), then reopened in MySQL at generation 1.
-	r.rdb.Del(ctx, k.Users, k.Orders, k.Deadlines)
+	keys, err := r.store.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	r.rdb.Del(ctx, keys[1:]...) // all but meta, as archive.lua
+	r.rdb.HDel(ctx, k.Meta, "buckets")
 	r.rdb.HSet(ctx, k.Meta, "archived", 1, "sold", 3, "pending", 0, "gen", 0)
-	_, err := r.db.Exec(`UPDATE activities SET generation = 1, archived_at = NULL WHERE id = ?`, act)
+	_, err = r.db.Exec(`UPDATE activities SET generation = 1, archived_at = NULL WHERE id = ?`, act)
 	servicetest.Must(t, err, "reopen in MySQL")
 	rep := r.pass(t, false)
 	if rep.Archived || !strings.Contains(strings.Join(rep.Repairs, ";"), "rebuilt") {

@@ -194,14 +194,15 @@ func TestSweepKeepsUpWithBacklog(t *testing.T) {
 	const act, n = 9, 10_000
 	r.sale(t, act, n, 1)
 	ids := make([]string, n)
-	_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	buckets, err := r.store.Buckets(ctx, act)
+	servicetest.Must(t, err, "buckets")
+	_, err = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range ids {
 			ids[i] = ordermsg.NewOrderID(act)
-			k := r.store.Keys(act)
+			k, user := r.store.Keys(act), fmt.Sprintf("u%05d", i)
 			// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT (other
 			// tests flush the script cache of the shared Redis).
-			lua.Reserve.Eval(ctx, p, []string{k.Meta, k.Users, k.Orders, k.Deadlines, k.Recovering},
-				fmt.Sprintf("u%05d", i), "", 1, ids[i], 1)
+			lua.Reserve.Eval(ctx, p, k.ReserveKeys(buckets, user, ids[i]), user, "", 1, ids[i], 1, buckets)
 		}
 		return nil
 	})
@@ -213,7 +214,7 @@ func TestSweepKeepsUpWithBacklog(t *testing.T) {
 			case 0:
 				committed = append(committed, oid, act, fmt.Sprintf("u%05d", i))
 			case 1:
-				lua.Queued.Eval(ctx, p, []string{r.store.Keys(act).Orders}, oid)
+				lua.Queued.Eval(ctx, p, []string{r.store.Keys(act).Meta}, oid)
 			}
 		}
 		return nil
