@@ -820,8 +820,9 @@ func (s *Store) Postpone(ctx context.Context, activityID int64, t time.Time, ord
 	return nil
 }
 
-// Records reads the records of orderIDs in one round trip, in order; an
-// order without a record gets the zero Record (OrderID "").
+// Records reads the records of orderIDs, in order: the sale's bucket count,
+// then every record in one pipelined round trip; an order without a record
+// gets the zero Record (OrderID "").
 func (s *Store) Records(ctx context.Context, activityID int64, orderIDs []string) ([]Record, error) {
 	out := make([]Record, len(orderIDs))
 	if len(orderIDs) == 0 {

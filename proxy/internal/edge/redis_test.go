@@ -2,13 +2,12 @@ package edge
 
 import (
 	"context"
-	"io"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/seckill/seckill/internal/faultnet"
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
@@ -29,41 +28,13 @@ func pauseRedis(t *testing.T, addr string) {
 	})
 }
 
-// slowProxy forwards TCP to addr, holding every chunk from the server for d.
+// slowProxy forwards TCP to addr, holding every chunk from the server for d
+// (internal/faultnet: later chunks of a connection wait behind it).
 func slowProxy(t *testing.T, addr string, d time.Duration) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", addr)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go func() { _, _ = io.Copy(s, c); s.Close() }()
-			go func() {
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 {
-						time.Sleep(d)
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				c.Close()
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	p, err := faultnet.Listen("127.0.0.1:0", addr)
+	servicetest.Must(t, err, "fault proxy")
+	t.Cleanup(func() { p.Close() })
+	p.Set(faultnet.Faults{Down: faultnet.Flow{DelayRate: 1, Delay: d}})
+	return p.Addr()
 }
