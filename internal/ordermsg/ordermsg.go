@@ -169,3 +169,32 @@ func DecodeMarker(body []byte) (Marker, error) {
 	}
 	return m, nil
 }
+
+// BatchVersion is the body version of a message that carries several orders
+// of one activity: the backend's group commit reserves a group of purchases
+// in one script call and publishes the accepted ones as one message, answered
+// only once the broker confirmed it.
+const BatchVersion = 2
+
+// Batch is the body of one message carrying several orders, each an Order
+// body of Version as if published alone.
+type Batch struct {
+	V      int     `json:"v"`
+	Orders []Order `json:"orders"`
+}
+
+// MaxBatch bounds the orders of one batch message.
+const MaxBatch = 1024
+
+// Encode returns the JSON body of b.
+func (b Batch) Encode() ([]byte, error) {
+	if len(b.Orders) == 0 || len(b.Orders) > MaxBatch {
+		return nil, fmt.Errorf("ordermsg: a batch of %d orders, want 1..%d", len(b.Orders), MaxBatch)
+	}
+	out := Batch{V: BatchVersion, Orders: make([]Order, len(b.Orders))}
+	for i, o := range b.Orders {
+		o.V = Version
+		out.Orders[i] = o
+	}
+	return json.Marshal(out)
+}
