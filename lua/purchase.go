@@ -15,6 +15,13 @@ var (
 	Archive = load("archive.lua", record)
 	Restore = load("restore.lua", record)
 	Order   = load("order.lua", record)
-	// Recovered ends a sale's recovery after a Redis loss (its drain marker).
-	Recovered = load("recovered.lua")
+)
+
+// consumerRegistry holds the helpers of the drain markers' consumer registry.
+const consumerRegistry = "registry.lua"
+
+// Scripts of the drain markers that end a sale's recovery after a Redis loss.
+var (
+	Consumers = load("consumers.lua", consumerRegistry)
+	Pass      = load("pass.lua", consumerRegistry)
 )

@@ -1,27 +1,38 @@
 -- sync.lua: make a sale's Redis counters exact from MySQL's facts, for the
--- reconciler's forced pass. The caller holds MySQL's row lock on the activity
+-- reconciler's forced pass and for the end of a sale's recovery after a
+-- Redis loss (salesdb.EndRecovery). The caller holds MySQL's row lock on the activity
 -- (SELECT ... FOR UPDATE), so no worker commits meanwhile, and has settled
 -- every pending or claimed order that MySQL already holds. What is still
 -- pending is recounted here from the reservation records, atomically with
 -- respect to reserve.lua.
 --
--- KEYS[1] meta, KEYS[2] deadlines (see reserve.lua; records and user entries
--- are in the sale's buckets, record.lua)
+-- KEYS[1] meta, KEYS[2] deadlines, KEYS[3] recovering (see reserve.lua;
+-- records and user entries are in the sale's buckets, record.lua)
 -- ARGV[1] total stock (MySQL), ARGV[2] units sold (MySQL), ARGV[3] pub/sub
--- channel, ARGV[4] activity id, ARGV[5..] user id, units pairs (MySQL's
+-- channel, ARGV[4] activity id, ARGV[5] a recovery token: sync only while
+-- the sale recovers under it, and end that recovery in the same step (""
+-- for the reconciler: any state), ARGV[6..] user id, units pairs (MySQL's
 -- per-user confirmed totals)
 --
--- Returns {"missing"} when the sale is not in Redis (nothing changed), else
--- {"synced", old_total, old_sold, old_pending, new_pending, stale_index}
--- where stale_index counts settled orders dropped from the deadline index.
+-- Returns {"missing"} when the sale is not in Redis, {"not_recovering"} when
+-- a token was given and the sale does not recover under it (nothing
+-- changed either way), else {"synced", old_total, old_sold, old_pending,
+-- new_pending, stale_index} where stale_index counts settled orders dropped
+-- from the deadline index.
 
 local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending')
 if not cur[1] then
   return {'missing'}
 end
+if ARGV[5] ~= '' then
+  if redis.call('GET', KEYS[3]) ~= ARGV[5] then
+    return {'not_recovering'}
+  end
+  redis.call('DEL', KEYS[3])
+end
 local total, sold = tonumber(ARGV[1]), tonumber(ARGV[2])
 local held = {}
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   held[ARGV[i]] = (held[ARGV[i]] or 0) + tonumber(ARGV[i + 1])
 end
 local nb = sale_buckets(KEYS[1])

@@ -34,6 +34,7 @@ import (
 	"github.com/seckill/seckill/internal/metrics"
 	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/salesdb"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/internal/teardown"
@@ -172,7 +173,13 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	queues := backlog.New(rdb, sales, cfg.RabbitMQ.URL, topo.QueueNames(), 2*time.Second)
 	defer queues.Close()
 	reg.MustRegister(queues)
-	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), m, log)
+	endRecovery := func(ctx context.Context, id int64, token string) (bool, error) {
+		// Reads and restores every decided order of the sale: more than one query.
+		ctx, cancel := context.WithTimeout(ctx, 4*cfg.MySQL.QueryTimeout.Duration)
+		defer cancel()
+		return salesdb.EndRecovery(ctx, db, sales, id, token)
+	}
+	consumer := consume.New(consume.ConfigFrom(cfg), sales, store.New(db, m, cfg.MySQL.QueryTimeout.Duration), endRecovery, m, log)
 
 	// The sweeper, the reconciler and the archiver run beside the consumer
 	// until ctx ends.

@@ -541,20 +541,34 @@ func (p *Publisher) Publish(ctx context.Context, o ordermsg.Order) error {
 	return nil
 }
 
-// PublishMarker sends a drain marker (type ordermsg.MarkerType) to the order
-// queue like an order, and returns nil once the broker confirmed it.
+// PublishMarker sends the drain marker m to every partition of the order
+// queue, one copy each (type ordermsg.MarkerType, Partition and Partitions
+// set), like an order, and returns nil once the broker confirmed every copy:
+// the orders queued before the loss may be in any partition, and each
+// partition's consumers must pass its copy (see ordermsg.Marker). A copy
+// sent twice is harmless.
 func (p *Publisher) PublishMarker(ctx context.Context, m ordermsg.Marker) error {
-	body, err := m.Encode()
-	if err != nil {
-		return fmt.Errorf("publish marker: encode: %w", err)
-	}
-	if err := p.publish(ctx, m.MessageID(), ordermsg.MarkerType, body); err != nil {
-		return fmt.Errorf("publish marker %s: %w", m.MessageID(), err)
+	t := p.cfg.Topology
+	m.Partitions, m.Round = max(1, t.Partitions), ""
+	for i := range m.Partitions {
+		m.Partition = i
+		body, err := m.Encode()
+		if err != nil {
+			return fmt.Errorf("publish marker: encode: %w", err)
+		}
+		if err := p.publishTo(ctx, m.MessageID(), ordermsg.MarkerType, t.PartitionKey(i), body); err != nil {
+			return fmt.Errorf("publish marker %s: %w", m.MessageID(), err)
+		}
 	}
 	return nil
 }
 
 func (p *Publisher) publish(ctx context.Context, id, typ string, body []byte) error {
+	return p.publishTo(ctx, id, typ, p.cfg.Topology.PartitionKey(p.cfg.Topology.Partition(id)), body)
+}
+
+// publishTo publishes to the partition bound by routing key key.
+func (p *Publisher) publishTo(ctx context.Context, id, typ, key string, body []byte) error {
 	if p.ctx.Err() != nil {
 		return ErrClosed
 	}
@@ -598,8 +612,7 @@ func (p *Publisher) publish(ctx context.Context, id, typ string, body []byte) er
 	}
 	wrote := make(chan written, 1)
 	go func() {
-		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange,
-			p.cfg.Topology.PartitionKey(p.cfg.Topology.Partition(id)),
+		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange, key,
 			true, false, amqp.Publishing{
 				ContentType:  ordermsg.ContentType,
 				DeliveryMode: amqp.Persistent,

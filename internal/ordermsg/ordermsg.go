@@ -138,22 +138,33 @@ func Time(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
 // MarkerType is the AMQP type property of a drain marker; orders carry none.
 const MarkerType = "seckill.drain-marker"
 
-// Marker is the body of a drain marker: published to the order queue after a
-// sale was rebuilt from MySQL because Redis lost it, it reaches a worker only
-// after every order queued before it was delivered; the worker that takes it
-// ends the sale's recovery (the token names which one) once the orders
-// before it in its channel are decided.
+// Marker is the body of a drain marker: published after a sale was rebuilt
+// from MySQL because Redis lost it, one copy to every partition of the order
+// queue. A copy reaches a consumer only after every order queued before it
+// was delivered; the consumer decides what it received before the copy,
+// records that it passed (Round: the partition's consumer registry when the
+// copy was published) and sends the copy round again, until every live
+// consumer of every partition has passed one; the last ends the sale's
+// recovery (the token names which one) with an exact sync from MySQL.
 type Marker struct {
 	ActivityID int64  `json:"activity_id"`
 	Token      string `json:"token"`
+	// Partition is the queue partition the copy is for, of Partitions
+	// (0: a marker of a version before partitions had copies; the consumer
+	// takes its own topology's).
+	Partition  int `json:"partition,omitempty"`
+	Partitions int `json:"partitions,omitempty"`
+	// Round is "" in the backend's copy; a consumer that sends a copy round
+	// again sets it (see reservation.Store.PassMarker).
+	Round string `json:"round,omitempty"`
 }
 
 // Encode returns the JSON body of m.
 func (m Marker) Encode() ([]byte, error) { return json.Marshal(m) }
 
-// MessageID is the marker's AMQP message id.
+// MessageID is the marker copy's AMQP message id.
 func (m Marker) MessageID() string {
-	return "drain-" + strconv.FormatInt(m.ActivityID, 10) + "-" + m.Token
+	return "drain-" + strconv.FormatInt(m.ActivityID, 10) + "-" + m.Token + "-" + strconv.Itoa(m.Partition)
 }
 
 // DecodeMarker parses and validates a marker body.
@@ -166,6 +177,9 @@ func DecodeMarker(body []byte) (Marker, error) {
 	}
 	if m.ActivityID <= 0 || m.Token == "" || len(m.Token) > 64 {
 		return Marker{}, fmt.Errorf("%w: marker of activity %d, token %q", ErrInvalid, m.ActivityID, m.Token)
+	}
+	if m.Partitions < 0 || m.Partition < 0 || (m.Partitions > 0 && m.Partition >= m.Partitions) || len(m.Round) > 64 {
+		return Marker{}, fmt.Errorf("%w: marker copy for partition %d of %d, round %q", ErrInvalid, m.Partition, m.Partitions, m.Round)
 	}
 	return m, nil
 }

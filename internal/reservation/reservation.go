@@ -892,23 +892,41 @@ type SyncResult struct {
 // pending from the open reservations; see lua/sync.lua for what the caller
 // must hold.
 func (s *Store) Sync(ctx context.Context, activityID, total, sold int64, users map[string]int64) (SyncResult, error) {
+	res, _, err := s.sync(ctx, activityID, "", total, sold, users)
+	return res, err
+}
+
+// EndRecovery ends the sale's recovery if it is still the one named by
+// token, in one step with Sync's exact counters (the caller holds what Sync
+// needs: see salesdb.EndRecovery); it reports whether it ended now.
+func (s *Store) EndRecovery(ctx context.Context, activityID int64, token string, total, sold int64, users map[string]int64) (bool, error) {
+	if token == "" {
+		return false, fmt.Errorf("end recovery of activity %d: no token", activityID)
+	}
+	res, recovering, err := s.sync(ctx, activityID, token, total, sold, users)
+	return err == nil && recovering && res.Found, err
+}
+
+func (s *Store) sync(ctx context.Context, activityID int64, token string, total, sold int64, users map[string]int64) (SyncResult, bool, error) {
 	k := s.Keys(activityID)
-	args := []any{total, sold, Channel(s.prefix), activityID}
+	args := []any{total, sold, Channel(s.prefix), activityID, token}
 	for u, n := range users {
 		args = append(args, u, n)
 	}
-	v, err := lua.Sync.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines}, args...).Slice()
+	v, err := lua.Sync.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines, k.Recovering}, args...).Slice()
 	if err != nil {
-		return SyncResult{}, fmt.Errorf("sync activity %d: %w", activityID, err)
+		return SyncResult{}, false, fmt.Errorf("sync activity %d: %w", activityID, err)
 	}
 	switch str(at(v, 0)) {
 	case "missing":
-		return SyncResult{}, nil
+		return SyncResult{}, true, nil
+	case "not_recovering":
+		return SyncResult{}, false, nil
 	case "synced":
 		return SyncResult{Found: true, OldTotal: num(at(v, 1)), OldSold: num(at(v, 2)), OldPending: num(at(v, 3)),
-			NewPending: num(at(v, 4)), StaleIndexEntries: num(at(v, 5))}, nil
+			NewPending: num(at(v, 4)), StaleIndexEntries: num(at(v, 5))}, true, nil
 	}
-	return SyncResult{}, fmt.Errorf("sync activity %d: %w: %v", activityID, ErrScript, v)
+	return SyncResult{}, false, fmt.Errorf("sync activity %d: %w: %v", activityID, ErrScript, v)
 }
 
 // Open lists the records of an activity's orders that are still pending or
@@ -937,7 +955,7 @@ func (s *Store) Open(ctx context.Context, activityID int64, max int64) ([]Record
 
 // MarkRecovering makes reserve.lua answer Unsure to every request that
 // would reserve (a key it does not know, or none) until EndRecovery with
-// token, or at most for d: set before a sale lost by Redis is rebuilt, so
+// token (the drain marker passed every consumer), or at most for d: set before a sale lost by Redis is rebuilt, so
 // that a keyed retry of an order still in the queue is never handed a second
 // order id, and no unit is sold twice while the queued orders' units are
 // unknown to Redis. d is a safety bound only (a queued order is taken as
@@ -962,14 +980,106 @@ func (s *Store) Recovery(ctx context.Context, activityID int64) (string, error) 
 	return tok, nil
 }
 
-// EndRecovery ends the sale's recovery if it is still the one named by token
-// (lua/recovered.lua); it reports whether it ended now.
-func (s *Store) EndRecovery(ctx context.Context, activityID int64, token string) (bool, error) {
-	n, err := lua.Recovered.Run(ctx, s.rdb, []string{s.Keys(activityID).Recovering}, token).Int64()
-	if err != nil {
-		return false, fmt.Errorf("end recovery of activity %d: %w", activityID, err)
+// RegistryKey is the hash of the live consumers of order queue queue
+// (lua/consumers.lua). Every key of the drain markers' registry and passes
+// shares one hash tag, so that one script sees every partition's.
+func (s *Store) RegistryKey(queue string) string {
+	return s.prefix + "{seckill:drain}:consumers:" + queue
+}
+
+// passesKey is the hash of the consumers of one partition that passed the
+// drain marker of a recovery (lua/pass.lua).
+func (s *Store) passesKey(activityID int64, token string, partition int) string {
+	return s.prefix + "{seckill:drain}:passed:" + strconv.FormatInt(activityID, 10) + ":" + token + ":" + strconv.Itoa(partition)
+}
+
+// Consumer names a consumer of one order queue in the registry.
+type Consumer struct{ Queue, ID string }
+
+// RegisterConsumers writes (or refreshes) the entries of consumers in the
+// registry of their queues, each live for ttl from now (Redis time); ttl 0
+// drops them instead (a consumer whose channel is closed). It returns each
+// queue's round after the call (lua/consumers.lua).
+func (s *Store) RegisterConsumers(ctx context.Context, ttl time.Duration, consumers []Consumer) ([]string, error) {
+	if len(consumers) == 0 {
+		return nil, nil
 	}
-	return n == 1, nil
+	keys := make([]string, len(consumers))
+	args := make([]any, 1+len(consumers))
+	args[0] = int64(0)
+	if ttl > 0 {
+		args[0] = max(1, ttl.Milliseconds())
+	}
+	for i, c := range consumers {
+		keys[i] = s.RegistryKey(c.Queue)
+		args[1+i] = c.ID
+	}
+	v, err := lua.Consumers.Run(ctx, s.rdb, keys, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("register %d consumers: %w", len(consumers), err)
+	}
+	return v, nil
+}
+
+// MarkerPass is a consumer's pass of a copy of a sale's drain marker.
+type MarkerPass struct {
+	ActivityID int64
+	Token      string
+	// Queues are the order queues of partitions 0..n-1; Partition is the
+	// passing consumer's, Consumer its registry id.
+	Queues    []string
+	Partition int
+	Consumer  string
+	// Round is the copy's round ("" for the backend's copy).
+	Round string
+	// MinAge is the age a queue's registry must have before its entries
+	// count as every live consumer (a registry lost with Redis is rebuilt as
+	// each consumer refreshes); TTL bounds how long the passes are kept.
+	MinAge, TTL time.Duration
+}
+
+// PassOutcome is what PassMarker answers.
+type PassOutcome string
+
+// Outcomes of a pass (lua/pass.lua).
+const (
+	PassUnregistered PassOutcome = "unregistered" // nothing recorded: register first
+	PassStale        PassOutcome = "stale"        // nothing recorded: send the copy round again with Round
+	PassWaiting      PassOutcome = "waiting"      // recorded; others must pass yet
+	PassDone         PassOutcome = "done"         // every live consumer of every partition passed
+)
+
+// PassResult is the outcome of a pass, the partition's round (for the copy
+// sent round again) and whether the consumer had passed in this round before.
+type PassResult struct {
+	Outcome PassOutcome
+	Round   string
+	Again   bool
+}
+
+// PassMarker records that a consumer decided every delivery it received
+// before a copy of the sale's drain marker (lua/pass.lua).
+func (s *Store) PassMarker(ctx context.Context, p MarkerPass) (PassResult, error) {
+	if p.Partition < 0 || p.Partition >= len(p.Queues) {
+		return PassResult{}, fmt.Errorf("pass marker of activity %d: partition %d of %d", p.ActivityID, p.Partition, len(p.Queues))
+	}
+	keys := make([]string, 0, 2*len(p.Queues))
+	for _, q := range p.Queues {
+		keys = append(keys, s.RegistryKey(q))
+	}
+	for i := range p.Queues {
+		keys = append(keys, s.passesKey(p.ActivityID, p.Token, i))
+	}
+	v, err := lua.Pass.Run(ctx, s.rdb, keys, p.Partition, p.Consumer, p.Round, p.MinAge.Milliseconds(), max(1, p.TTL.Milliseconds())).Slice()
+	if err != nil {
+		return PassResult{}, fmt.Errorf("pass marker of activity %d: %w", p.ActivityID, err)
+	}
+	r := PassResult{Outcome: PassOutcome(str(at(v, 0))), Round: str(at(v, 1)), Again: num(at(v, 2)) == 1}
+	switch r.Outcome {
+	case PassUnregistered, PassStale, PassWaiting, PassDone:
+		return r, nil
+	}
+	return PassResult{}, fmt.Errorf("pass marker of activity %d: %w: %v", p.ActivityID, ErrScript, v)
 }
 
 // RestoreKeys binds idempotency keys back to orders whose records Redis

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/seckill/seckill/internal/reservation"
@@ -122,4 +123,98 @@ func RecoveryToken() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand never fails on Linux
 	return strconv.FormatInt(time.Now().UnixMilli(), 10) + "-" + hex.EncodeToString(b[:])
+}
+
+// SettleDecided settles, in Redis, the open reservations (pending or
+// claimed records) whose order MySQL holds, and returns how many.
+func SettleDecided(ctx context.Context, q Querier, store *reservation.Store, id int64, open []reservation.Record) (int, error) {
+	n := 0
+	for start := 0; start < len(open); start += 500 {
+		chunk := open[start:min(start+500, len(open))]
+		args := make([]any, len(chunk))
+		for i, r := range chunk {
+			args[i] = r.OrderID
+		}
+		rows, err := q.QueryContext(ctx, `SELECT order_id, status, COALESCE(reason, ''), user_id, quantity
+			FROM orders WHERE order_id IN (?`+strings.Repeat(",?", len(chunk)-1)+`)`, args...)
+		if err != nil {
+			return n, fmt.Errorf("read orders of activity %d: %w", id, err)
+		}
+		var set []reservation.Settlement
+		for rows.Next() {
+			var s reservation.Settlement
+			var status string
+			if err := rows.Scan(&s.OrderID, &status, &s.Reason, &s.UserID, &s.Quantity); err != nil {
+				rows.Close()
+				return n, err
+			}
+			s.Confirmed = status == "confirmed"
+			set = append(set, s)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return n, err
+		}
+		if len(set) > 0 {
+			if _, err := store.Settle(ctx, id, set); err != nil {
+				return n, err
+			}
+			n += len(set)
+		}
+	}
+	return n, nil
+}
+
+// openMax bounds the open reservations EndRecovery settles (as the
+// reconciler's sync does).
+const openMax = 100_000
+
+// EndRecovery ends a sale's recovery after a Redis loss (the drain marker
+// passed every live consumer of every partition, see ordermsg.Marker) with
+// Redis made exact from MySQL, unless the sale no longer recovers under
+// token. It holds the activity's row lock (SELECT ... FOR UPDATE) for the
+// whole step, so no worker commit of the activity interleaves: MySQL's
+// decided orders get their records back in Redis (a settle arriving after
+// this step finds them settled and moves no counter), the open records
+// MySQL decided are settled, and then the counters are set from MySQL
+// atomically with the end of the recovering mark (lua/sync.lua). The
+// settles of the orders queued before the loss need not have landed, and
+// whatever was committed between the rebuild's read of the row and its warm
+// is counted. It reports whether the recovery ended now.
+func EndRecovery(ctx context.Context, db *sql.DB, store *reservation.Store, id int64, token string) (bool, error) {
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return false, fmt.Errorf("end recovery of activity %d: %w", id, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var total, sold int64
+	if err := tx.QueryRowContext(ctx, `SELECT total_stock, sold FROM activities WHERE id = ? FOR UPDATE`, id).Scan(&total, &sold); err != nil {
+		return false, fmt.Errorf("end recovery: lock activity %d: %w", id, err)
+	}
+	if cur, err := store.Recovery(ctx, id); err != nil || cur != token {
+		return false, err // ended already, or a later loss started another recovery
+	}
+	orders, err := Decided(ctx, tx, id)
+	if err != nil {
+		return false, err
+	}
+	if err := store.Restore(ctx, id, total, orders); err != nil {
+		return false, err
+	}
+	open, err := store.Open(ctx, id, openMax)
+	if err != nil {
+		return false, err
+	}
+	if _, err := SettleDecided(ctx, tx, store, id, open); err != nil {
+		return false, err
+	}
+	users, err := Users(ctx, tx, id)
+	if err != nil {
+		return false, err
+	}
+	ended, err := store.EndRecovery(ctx, id, token, total, sold, users)
+	if err != nil {
+		return false, err
+	}
+	return ended, tx.Commit()
 }

@@ -8,6 +8,8 @@ package consume
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -55,7 +57,28 @@ type Config struct {
 	// in it (see deadLoop). Every worker does; tests of the dead-letter
 	// publish itself leave it off to look into the queue.
 	DeadLetters bool
+	// RegistryRefresh and RegistryTTL: each channel's entry in the registry
+	// of live consumers that a drain marker must pass (lua/consumers.lua) is
+	// refreshed every RegistryRefresh and expires RegistryTTL after the last
+	// refresh (0: DefaultRegistryRefresh, DefaultRegistryTTL).
+	RegistryRefresh, RegistryTTL time.Duration
+	// MarkerPause is the wait before a channel sends round again a copy of
+	// a drain marker it passed already (0: DefaultMarkerPause).
+	MarkerPause time.Duration
 }
+
+// Defaults of the drain marker's consumer registry. The TTL outlasts the
+// broker's detection of a dead connection (two missed heartbeats of 10 s),
+// so that the deliveries of a consumer that died are back in the queue
+// before its entry leaves the registry (see lua/pass.lua).
+const (
+	DefaultRegistryRefresh = time.Second
+	DefaultRegistryTTL     = 30 * time.Second
+	DefaultMarkerPause     = 200 * time.Millisecond
+)
+
+// passesTTL bounds how long the passes of a drain marker are kept.
+const passesTTL = time.Hour
 
 // ConfigFrom derives the consumer's settings from the configuration file.
 func ConfigFrom(c conf.Config) Config {
@@ -80,15 +103,44 @@ func ConfigFrom(c conf.Config) Config {
 	}
 }
 
+func (c Config) registryRefresh() time.Duration {
+	if c.RegistryRefresh > 0 {
+		return c.RegistryRefresh
+	}
+	return DefaultRegistryRefresh
+}
+
+func (c Config) registryTTL() time.Duration {
+	if c.RegistryTTL > 0 {
+		return c.RegistryTTL
+	}
+	return DefaultRegistryTTL
+}
+
+func (c Config) markerPause() time.Duration {
+	if c.MarkerPause > 0 {
+		return c.MarkerPause
+	}
+	return DefaultMarkerPause
+}
+
 // Reservations is what the consumer needs of the Redis side
 // (*reservation.Store).
 type Reservations interface {
 	Claim(ctx context.Context, activityID int64, orderIDs []string) ([]reservation.State, error)
 	Settle(ctx context.Context, activityID int64, orders []reservation.Settlement) (int64, error)
-	// RestoreKeys and EndRecovery serve the recovery after a Redis loss.
+	// RestoreKeys, Recovery, RegisterConsumers and PassMarker serve the
+	// recovery after a Redis loss.
 	RestoreKeys(ctx context.Context, activityID int64, orders []reservation.Decided) error
-	EndRecovery(ctx context.Context, activityID int64, token string) (bool, error)
+	Recovery(ctx context.Context, activityID int64) (string, error)
+	RegisterConsumers(ctx context.Context, ttl time.Duration, consumers []reservation.Consumer) ([]string, error)
+	PassMarker(ctx context.Context, p reservation.MarkerPass) (reservation.PassResult, error)
 }
+
+// EndRecovery ends a sale's recovery once its drain marker passed every
+// live consumer, with Redis made exact from MySQL; the worker binds
+// salesdb.EndRecovery to its MySQL and Redis.
+type EndRecovery func(ctx context.Context, activityID int64, token string) (bool, error)
 
 // Writer is what the consumer needs of MySQL (*store.Store).
 type Writer interface {
@@ -102,6 +154,7 @@ type Consumer struct {
 	cfg Config
 	res Reservations
 	w   Writer
+	end EndRecovery
 	m   *workermetrics.Metrics
 	log *slog.Logger
 
@@ -110,8 +163,8 @@ type Consumer struct {
 }
 
 // New returns a consumer; Run starts it.
-func New(cfg Config, res Reservations, w Writer, m *workermetrics.Metrics, log *slog.Logger) *Consumer {
-	return &Consumer{cfg: cfg, res: res, w: w, m: m, log: log}
+func New(cfg Config, res Reservations, w Writer, end EndRecovery, m *workermetrics.Metrics, log *slog.Logger) *Consumer {
+	return &Consumer{cfg: cfg, res: res, w: w, end: end, m: m, log: log}
 }
 
 // ErrNotConsuming is Ready's answer between sessions.
@@ -194,6 +247,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 	proc, lost := context.WithCancel(work)
 	graceful := false
 	var wg sync.WaitGroup
+	var members []member // in the registry of live consumers
 	defer func() {
 		stopSess()
 		if !graceful {
@@ -202,16 +256,46 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		wg.Wait() // each loop finishes (or abandons) its batch in hand
 		lost()
 		c.setConn(nil)
+		// Only now, every channel closed and its unacked deliveries back in
+		// the queue, may the members leave the registry (lua/pass.lua).
+		if len(members) > 0 {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RedisTimeout)
+			defer cancel()
+			if err := c.register(dctx, members, 0); err != nil {
+				c.log.Warn("consumers not dropped from the registry; their entries expire", "err", err)
+			}
+		}
 	}()
-	queues, err := c.queues(conn)
+	queues, parts, err := c.queues(conn)
 	if err != nil {
 		return false, err
 	}
 	// At least one channel per queue; channel i consumes queue i mod n.
 	channels := max(c.cfg.Consumers, len(queues))
-	ended := make(chan struct{}, channels+1)
-	for i := range channels {
+	ended := make(chan struct{}, channels+2)
+	all := make([]member, channels)
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:]) // crypto/rand never fails on Linux
+	for i := range all {
 		q := queues[i%len(queues)]
+		all[i] = member{Consumer: reservation.Consumer{Queue: q,
+			ID: fmt.Sprintf("%s/%s/%d", c.cfg.Name, hex.EncodeToString(rnd[:]), i)}, partition: parts[i%len(queues)]}
+	}
+	// Each channel is in the registry of live consumers before it
+	// subscribes, and leaves it once it is closed (its unacked deliveries
+	// back in the queue); see lua/pass.lua.
+	if err := c.register(ctx, all, c.cfg.registryTTL()); err != nil {
+		return false, fmt.Errorf("register in the consumer registry: %w", err)
+	}
+	members = all
+	lapsed := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.refresh(sess, members, lapsed)
+	}()
+	for i := range channels {
+		q := members[i].Queue
 		ch, err := conn.Channel()
 		if err != nil {
 			return false, fmt.Errorf("open channel %d: %w", i, err)
@@ -224,9 +308,10 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 			return false, fmt.Errorf("consume %s on channel %d: %w", q, i, err)
 		}
 		wg.Add(1)
+		me := members[i]
 		go func() {
 			defer wg.Done()
-			c.loop(sess, proc, work, ch, deliveries, dl)
+			c.loop(sess, proc, work, ch, deliveries, dl, me)
 			ended <- struct{}{}
 		}()
 	}
@@ -262,6 +347,10 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 			return true, errors.New("connection closed")
 		}
 		return true, e
+	case <-lapsed:
+		// Others may take this channel's entry as expired: give the
+		// deliveries in hand back to the queue before they do.
+		return true, errors.New("the consumer registry could not be refreshed")
 	case <-ended:
 		if ctx.Err() != nil { // a loop that stopped for the shutdown
 			graceful = true
@@ -283,7 +372,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 // only once they are settled. Settling needs Redis, not the broker, so it runs
 // under work, which outlives a lost session: only the end of the shutdown
 // grace abandons a settle to the sweeper.
-func (c *Consumer) loop(ctx, proc, work context.Context, ch *amqp.Channel, deliveries <-chan amqp.Delivery, dl *deadLetterer) {
+func (c *Consumer) loop(ctx, proc, work context.Context, ch *amqp.Channel, deliveries <-chan amqp.Delivery, dl *deadLetterer, me member) {
 	defer ch.Close()
 	settles := make(chan []*group, settleBacklog)
 	var settler sync.WaitGroup
@@ -306,7 +395,7 @@ func (c *Consumer) loop(ctx, proc, work context.Context, ch *amqp.Channel, deliv
 	for {
 		batch = batch[:0]
 		more := c.collect(ctx, deliveries, timer, &batch)
-		if len(batch) > 0 && !c.handle(proc, ch, batch, dl, settles) {
+		if len(batch) > 0 && !c.handle(proc, ch, batch, dl, settles, me) {
 			return // some delivery undecided: stop before anything later is acked
 		}
 		if !more {
@@ -392,7 +481,7 @@ const settleBacklog = 2
 // writes the rest per activity, acks what was decided, then hands the written
 // groups to settles (Redis). It reports whether every delivery was decided
 // (and acked or rejected).
-func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Delivery, dl *deadLetterer, settles chan<- []*group) bool {
+func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Delivery, dl *deadLetterer, settles chan<- []*group, me member) bool {
 	c.m.Deliveries.Add(float64(len(batch)))
 	var groups []*group
 	byID := map[int64]*group{}
@@ -463,7 +552,7 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 	// Markers last: every order this channel received before them is
 	// decided in MySQL now, and its key back in Redis.
 	for _, mk := range markers {
-		if !all || c.endRecovery(ctx, mk.m) != nil {
+		if !all || c.passMarker(ctx, me, mk.m, dl) != nil {
 			all = false
 			break
 		}
@@ -505,17 +594,170 @@ func (c *Consumer) restoreKeys(ctx context.Context, g *group) error {
 	})
 }
 
-// endRecovery ends the recovery a drain marker names (a marker of an
-// earlier recovery, or one that ended already, changes nothing).
-func (c *Consumer) endRecovery(ctx context.Context, m ordermsg.Marker) error {
-	return c.redis(ctx, "end recovery", func(rctx context.Context) error {
-		ended, err := c.res.EndRecovery(rctx, m.ActivityID, m.Token)
-		if err == nil && ended {
-			c.log.Info("sale recovered from a Redis loss: the queue delivered every order before its drain marker",
-				"activity", m.ActivityID, "token", m.Token)
+// member is one consuming channel: its entry in the registry of its queue's
+// live consumers, and its queue's partition.
+type member struct {
+	reservation.Consumer
+	partition int
+}
+
+// register writes (ttl > 0) or drops (ttl 0) the members' registry entries.
+func (c *Consumer) register(ctx context.Context, members []member, ttl time.Duration) error {
+	list := make([]reservation.Consumer, len(members))
+	for i, m := range members {
+		list[i] = m.Consumer
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
+	defer cancel()
+	_, err := c.res.RegisterConsumers(rctx, ttl, list)
+	return err
+}
+
+// refresh keeps the members' registry entries live until ctx ends. When no
+// refresh succeeded for half the TTL it closes lapsed: the session must end
+// (and give its deliveries back) before the entries expire.
+func (c *Consumer) refresh(ctx context.Context, members []member, lapsed chan<- struct{}) {
+	tick := time.NewTicker(c.cfg.registryRefresh())
+	defer tick.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
+		err := c.register(ctx, members, c.cfg.registryTTL())
+		switch {
+		case err == nil:
+			last = time.Now()
+		case ctx.Err() != nil:
+			return
+		case time.Since(last) > c.cfg.registryTTL()/2:
+			c.log.Error("consumer registry not refreshed; ending the session", "since", time.Since(last), "err", err)
+			close(lapsed)
+			return
+		default:
+			c.log.Warn("consumer registry refresh failed", "err", err)
+		}
+	}
+}
+
+// passMarker handles a copy of a sale's drain marker once every delivery
+// this channel received before it is decided. While the sale recovers under
+// the marker's token it records the pass (reservation.Store.PassMarker);
+// when every live consumer of every partition has passed it ends the
+// recovery (EndRecovery), else it sends the copy round again to its
+// partition, confirmed, before the copy is acked. A copy of a recovery that
+// ended (or of an earlier one) stops here. It returns ctx's error when ctx
+// ended first (the copy is then not acked: redelivered).
+func (c *Consumer) passMarker(ctx context.Context, me member, m ordermsg.Marker, dl *deadLetterer) error {
+	var tok string
+	if err := c.redis(ctx, "read recovery", func(rctx context.Context) (err error) {
+		tok, err = c.res.Recovery(rctx, m.ActivityID)
 		return err
-	})
+	}); err != nil {
+		return err
+	}
+	if tok != m.Token {
+		return nil
+	}
+	parts := m.Partitions
+	if parts == 0 { // a marker of a version before copies per partition
+		parts = max(1, c.cfg.Topology.Partitions)
+	}
+	if me.partition >= parts {
+		c.log.Warn("drain marker copy in a queue not among its partitions; dropped", "queue", me.Queue,
+			"activity", m.ActivityID, "partitions", parts)
+		return nil
+	}
+	queues := make([]string, parts)
+	for i := range queues {
+		queues[i] = c.cfg.Topology.PartitionQueue(i)
+	}
+	var r reservation.PassResult
+	if err := c.redis(ctx, "pass drain marker", func(rctx context.Context) (err error) {
+		r, err = c.res.PassMarker(rctx, reservation.MarkerPass{ActivityID: m.ActivityID, Token: m.Token,
+			Queues: queues, Partition: me.partition, Consumer: me.ID, Round: m.Round,
+			MinAge: 3 * c.cfg.registryRefresh(), TTL: passesTTL})
+		return err
+	}); err != nil {
+		return err
+	}
+	switch {
+	case r.Outcome == reservation.PassDone:
+		return c.endRecovery(ctx, m)
+	case r.Outcome == reservation.PassUnregistered:
+		// Redis lost the registry: the refresh writes the entry again.
+		if !backoff.Sleep(ctx, c.cfg.registryRefresh()) {
+			return ctx.Err()
+		}
+	case r.Again:
+		// Passed already: the others have not taken a copy yet (busy, or
+		// their prefetch full); do not spin the copy through the queue.
+		if !backoff.Sleep(ctx, c.cfg.markerPause()) {
+			return ctx.Err()
+		}
+	}
+	if r.Round != "" {
+		m.Round = r.Round
+	}
+	m.Partition, m.Partitions = me.partition, parts
+	return c.resend(ctx, me, m, dl)
+}
+
+// resend publishes a marker copy to the member's partition, confirmed,
+// retrying while it fails until ctx ends.
+func (c *Consumer) resend(ctx context.Context, me member, m ordermsg.Marker, dl *deadLetterer) error {
+	body, err := m.Encode()
+	if err != nil {
+		return err
+	}
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
+	for {
+		err := dl.send(ctx, c.cfg.Topology.Exchange, c.cfg.Topology.PartitionKey(me.partition), amqp.Publishing{
+			ContentType:  ordermsg.ContentType,
+			DeliveryMode: amqp.Persistent,
+			MessageId:    m.MessageID(),
+			Type:         ordermsg.MarkerType,
+			Timestamp:    time.Now(),
+			Body:         body,
+		})
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := bo.Next()
+		c.log.Warn("drain marker copy not sent round again; retrying", "activity", m.ActivityID, "in", d, "err", err)
+		if !backoff.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
+}
+
+// endRecovery ends the recovery a drain marker names, from MySQL's truth;
+// retried while MySQL or Redis fail, until ctx ends.
+func (c *Consumer) endRecovery(ctx context.Context, m ordermsg.Marker) error {
+	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
+	for {
+		ended, err := c.end(ctx, m.ActivityID, m.Token)
+		if err == nil {
+			if ended {
+				c.log.Info("sale recovered from a Redis loss: its drain marker passed every live consumer of every partition",
+					"activity", m.ActivityID, "token", m.Token)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := bo.Next()
+		c.log.Warn("end of recovery failed; retrying", "activity", m.ActivityID, "in", d, "err", err)
+		if !backoff.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
 }
 
 // redis runs one Redis call with RedisTimeout, retrying with back-off while
@@ -833,25 +1075,31 @@ type deadLetterer struct {
 	timeout time.Duration
 }
 
-// queues lists what this session consumes: the assigned partitions, or all
-// of them plus the retired ones that still exist.
-func (c *Consumer) queues(conn *amqp.Connection) ([]string, error) {
+// queues lists what this session consumes, with each queue's partition:
+// the assigned partitions, or all of them plus the retired ones that still
+// exist.
+func (c *Consumer) queues(conn *amqp.Connection) ([]string, []int, error) {
 	t := c.cfg.Topology
 	if len(c.cfg.Partitions) > 0 {
 		out := make([]string, len(c.cfg.Partitions))
 		for i, p := range c.cfg.Partitions {
 			out[i] = t.PartitionQueue(p)
 		}
-		return out, nil
+		return out, c.cfg.Partitions, nil
 	}
 	retired, err := t.Retired(conn)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(retired) > 0 {
 		c.log.Info("draining retired partition queues", "queues", retired)
 	}
-	return append(t.OrderQueues(), retired...), nil
+	all := append(t.OrderQueues(), retired...)
+	parts := make([]int, len(all))
+	for i := range parts {
+		parts[i] = i // a retired queue's is at least Partitions: no marker is sent there
+	}
+	return all, parts, nil
 }
 
 func newDeadLetterer(conn *amqp.Connection, topo broker.Topology, timeout time.Duration) (*deadLetterer, error) {
@@ -871,19 +1119,12 @@ func newDeadLetterer(conn *amqp.Connection, topo broker.Topology, timeout time.D
 // publish republishes d to the dead-letter exchange (mandatory, persistent)
 // with the reason header and waits for the broker's confirm.
 func (dl *deadLetterer) publish(ctx context.Context, d amqp.Delivery, reason string) error {
-	dl.mu.Lock()
-	defer dl.mu.Unlock()
-	for len(dl.returns) > 0 { // a return of an earlier publish that timed out
-		<-dl.returns
-	}
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
 		headers[k] = v
 	}
 	headers[broker.DeadReasonHeader] = reason
-	ctx, cancel := context.WithTimeout(ctx, dl.timeout)
-	defer cancel()
-	dc, err := dl.ch.PublishWithDeferredConfirmWithContext(ctx, dl.topo.DeadExchange, dl.topo.DeadRoutingKey, true, false, amqp.Publishing{
+	return dl.send(ctx, dl.topo.DeadExchange, dl.topo.DeadRoutingKey, amqp.Publishing{
 		Headers:         headers,
 		ContentType:     d.ContentType,
 		ContentEncoding: d.ContentEncoding,
@@ -895,20 +1136,34 @@ func (dl *deadLetterer) publish(ctx context.Context, d amqp.Delivery, reason str
 		AppId:           d.AppId,
 		Body:            d.Body,
 	})
+}
+
+// send publishes msg (mandatory) on the confirm-mode channel and waits for
+// the broker's confirm: a dead letter, or a drain marker's copy sent round
+// again.
+func (dl *deadLetterer) send(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	dl.mu.Lock()
+	defer dl.mu.Unlock()
+	for len(dl.returns) > 0 { // a return of an earlier publish that timed out
+		<-dl.returns
+	}
+	ctx, cancel := context.WithTimeout(ctx, dl.timeout)
+	defer cancel()
+	dc, err := dl.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
 	if err != nil {
-		return fmt.Errorf("publish to %s: %w", dl.topo.DeadExchange, err)
+		return fmt.Errorf("publish to %s: %w", exchange, err)
 	}
 	acked, err := dc.WaitContext(ctx)
 	if err != nil {
-		return fmt.Errorf("confirm of dead-letter publish: %w", err)
+		return fmt.Errorf("confirm of publish to %s: %w", exchange, err)
 	}
 	if !acked {
-		return errors.New("dead-letter publish nacked by the broker")
+		return fmt.Errorf("publish to %s nacked by the broker", exchange)
 	}
 	// The broker sends a return before the confirm of the same publish.
 	select {
 	case r := <-dl.returns:
-		return fmt.Errorf("dead-letter publish returned: %d %s", r.ReplyCode, r.ReplyText)
+		return fmt.Errorf("publish to %s returned: %d %s", exchange, r.ReplyCode, r.ReplyText)
 	default:
 	}
 	return nil

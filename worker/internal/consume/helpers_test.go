@@ -18,12 +18,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/brokertest"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/salesdb"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/servicetest"
 	"github.com/seckill/seckill/worker/internal/consume"
@@ -35,7 +37,9 @@ import (
 type stack struct {
 	t     testing.TB
 	res   *reservation.Store
-	db    *sql.DB // direct, always reachable
+	rdb   redis.UniversalClient // res's
+	amqp  string                // the test's AMQP name prefix
+	db    *sql.DB               // direct, always reachable
 	dsn   string
 	topo  broker.Topology
 	pubCh *amqp.Channel // confirm-mode publisher, separate connection
@@ -43,11 +47,18 @@ type stack struct {
 
 func newStack(t testing.TB) *stack {
 	t.Helper()
+	return newStackWith(t, 1)
+}
+
+// newStackWith is newStack with the order queue in partitions partitions.
+func newStackWith(t testing.TB, partitions int) *stack {
+	t.Helper()
 	rdb, prefix := servicetest.Redis(t)
-	s := &stack{t: t, res: reservation.New(rdb, prefix), dsn: servicetest.MySQLDSN(t)}
+	s := &stack{t: t, res: reservation.New(rdb, prefix), rdb: rdb, dsn: servicetest.MySQLDSN(t)}
 	s.db = s.openDB(s.dsn)
 	p := brokertest.Prefix(t)
-	s.topo = broker.TopologyFor(conf.RabbitMQ{Prefix: p, DeliveryLimit: 5})
+	s.amqp = p
+	s.topo = broker.TopologyFor(conf.RabbitMQ{Prefix: p, DeliveryLimit: 5, Partitions: partitions})
 	conn, err := amqp.Dial(servicetest.AMQPURL())
 	servicetest.Must(t, err, "dial publisher")
 	t.Cleanup(func() { _ = conn.Close() })
@@ -199,7 +210,17 @@ func testConfig(topo broker.Topology) consume.Config {
 		RedisTimeout:   5 * time.Second,
 		ShutdownGrace:  30 * time.Second,
 		Name:           "consume test",
+		// Short, so that a recovery ends within a test's patience.
+		RegistryRefresh: 100 * time.Millisecond,
+		RegistryTTL:     3 * time.Second,
+		MarkerPause:     50 * time.Millisecond,
 	}
+}
+
+// endRecovery is the worker's: salesdb.EndRecovery on the test's MySQL and
+// Redis (s.res as it is when called).
+func (s *stack) endRecovery(ctx context.Context, id int64, token string) (bool, error) {
+	return salesdb.EndRecovery(ctx, s.db, s.res, id, token)
 }
 
 // running is a consumer started by start.
@@ -222,7 +243,7 @@ func (s *stack) start(cfg consume.Config, mk func(*workermetrics.Metrics) consum
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{s.t}, nil))
 	}
-	c := consume.New(cfg, s.res, w, m, log)
+	c := consume.New(cfg, s.res, w, s.endRecovery, m, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{m: m, stop: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()

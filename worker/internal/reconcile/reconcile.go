@@ -322,7 +322,7 @@ func (c *Reconciler) sync(ctx context.Context, id int64) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if settled, err := c.settleDecided(ctx, tx, id, open); err != nil {
+	if settled, err := salesdb.SettleDecided(ctx, tx, c.store, id, open); err != nil {
 		return nil, err
 	} else if settled > 0 {
 		repairs = append(repairs, fmt.Sprintf("settled %d orders MySQL had decided", settled))
@@ -348,43 +348,4 @@ func (c *Reconciler) sync(ctx context.Context, id int64) ([]string, error) {
 		repairs = append(repairs, fmt.Sprintf("dropped %d settled orders from the deadline index", res.StaleIndexEntries))
 	}
 	return repairs, tx.Commit()
-}
-
-// settleDecided settles, in Redis, open reservations whose order MySQL holds.
-func (c *Reconciler) settleDecided(ctx context.Context, tx *sql.Tx, id int64, open []reservation.Record) (int, error) {
-	n := 0
-	for start := 0; start < len(open); start += 500 {
-		chunk := open[start:min(start+500, len(open))]
-		args := make([]any, len(chunk))
-		for i, r := range chunk {
-			args[i] = r.OrderID
-		}
-		rows, err := tx.QueryContext(ctx, `SELECT order_id, status, COALESCE(reason, ''), user_id, quantity
-			FROM orders WHERE order_id IN (?`+strings.Repeat(",?", len(chunk)-1)+`)`, args...)
-		if err != nil {
-			return n, fmt.Errorf("read orders of activity %d: %w", id, err)
-		}
-		var set []reservation.Settlement
-		for rows.Next() {
-			var s reservation.Settlement
-			var status string
-			if err := rows.Scan(&s.OrderID, &status, &s.Reason, &s.UserID, &s.Quantity); err != nil {
-				rows.Close()
-				return n, err
-			}
-			s.Confirmed = status == "confirmed"
-			set = append(set, s)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return n, err
-		}
-		if len(set) > 0 {
-			if _, err := c.store.Settle(ctx, id, set); err != nil {
-				return n, err
-			}
-			n += len(set)
-		}
-	}
-	return n, nil
 }

@@ -1,0 +1,71 @@
+-- pass.lua: a consumer passed a copy of a sale's drain marker: it decided
+-- every delivery it received before the copy. The sale's recovery may end
+-- once, in every partition, every live consumer (consumers.lua) passed a
+-- copy published in the partition's current round: the queue delivered
+-- every order queued before the copy ahead of it, to some consumer, and
+-- each consumer that could hold one has since decided what it received
+-- before its copy. A consumer that left gave its unacked deliveries back
+-- to the queue, where they may be behind a copy that was passed already:
+-- that starts a new round, and only copies published after it count.
+--
+-- KEYS[1..P] registry hashes of partitions 0..P-1, KEYS[P+1..2P] the passes
+-- of this recovery's marker per partition (one hash tag for all). A passes
+-- hash: "~round" -> the round its passes belong to, consumer id -> 1.
+-- ARGV[1] the caller's partition (0-based), ARGV[2] its consumer id,
+-- ARGV[3] the copy's round, ARGV[4] the age a registry must have (ms) for
+-- its entries to be complete, ARGV[5] ttl of the passes (ms)
+--
+-- Returns
+--   {"unregistered"}          the caller has no live entry: nothing recorded
+--   {"stale", round}          the copy is of an earlier round (or the
+--                             backend's): nothing recorded; send it round
+--                             again with round
+--   {"waiting", round, again} recorded; some consumer has not passed yet;
+--                             again = 1 when the caller had passed before
+--   {"done"}                  every live consumer of every partition passed
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local p = #KEYS / 2
+local own, id, copy = tonumber(ARGV[1]) + 1, ARGV[2], ARGV[3]
+local age, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+
+local lives = {}
+for i = 1, p do
+  lives[i] = consumers_live(KEYS[i], now)
+end
+if not lives[own][id] then
+  return {'unregistered'}
+end
+local round = consumers_round(KEYS[own])
+if copy ~= round then
+  return {'stale', round}
+end
+local passes = KEYS[p + own]
+if redis.call('HGET', passes, '~round') ~= round then
+  redis.call('DEL', passes)
+  redis.call('HSET', passes, '~round', round)
+end
+local again = redis.call('HSETNX', passes, id, 1) == 0 and 1 or 0
+redis.call('PEXPIRE', passes, ttl)
+
+for i = 1, p do
+  local since = tonumber(redis.call('HGET', KEYS[i], '~since'))
+  if not since or now - since < age then
+    return {'waiting', round, again}
+  end
+  if redis.call('HGET', KEYS[p + i], '~round') ~= consumers_round(KEYS[i]) then
+    return {'waiting', round, again}
+  end
+  local any = false
+  for c in pairs(lives[i]) do
+    if redis.call('HEXISTS', KEYS[p + i], c) == 0 then
+      return {'waiting', round, again}
+    end
+    any = true
+  end
+  if not any then
+    return {'waiting', round, again}
+  end
+end
+return {'done'}
