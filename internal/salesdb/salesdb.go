@@ -117,6 +117,17 @@ func Restore(ctx context.Context, q Querier, store *reservation.Store, id, total
 	return token, store.Restore(ctx, id, total, orders)
 }
 
+// TokenTime is the moment of the rebuild a RecoveryToken names (false for a
+// token of another form).
+func TokenTime(token string) (time.Time, bool) {
+	ms, _, ok := strings.Cut(token, "-")
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if !ok || err != nil || n <= 0 {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(n), true
+}
+
 // RecoveryToken names one recovery: the moment of the rebuild and 64
 // random bits, so that a marker of an earlier recovery never ends a later one.
 func RecoveryToken() string {

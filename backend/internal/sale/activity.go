@@ -182,6 +182,9 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 	})
 }
 
+// errStopped: the service closed before a background step ran.
+var errStopped = errors.New("service closed")
+
 // markerSent is the last drain marker this backend sent for an activity.
 type markerSent struct {
 	token string
@@ -189,7 +192,12 @@ type markerSent struct {
 }
 
 // sendMarker publishes the drain marker of a sale's recovery (token) in the
-// background, retrying until the broker confirms it. Once confirmed it is
+// background, one copy to every partition (broker.Publisher.PublishMarker),
+// retrying until the broker confirms it; never before PublishTimeout after
+// the rebuild that began the recovery (the token's time): a purchase whose
+// reservation Redis lost may still be publishing, and its message must be
+// ahead of the marker if its publish is confirmed at all (past
+// PublishTimeout its backend refuses it: failed in MySQL). Once confirmed it is
 // sent again only after ReservationTTL, while the sale still recovers under
 // that token: a marker lost with its queue (or dead-lettered) would
 // otherwise leave the sale recovering until RecoveryMax. Copies are
@@ -211,7 +219,18 @@ func (s *Service) sendMarker(id int64, token string) {
 	s.markers[id] = markerSent{token: token, at: now}
 	s.markersMu.Unlock()
 	m := ordermsg.Marker{ActivityID: id, Token: token}
+	notBefore := now.Add(s.cfg.PublishTimeout)
+	if at, ok := salesdb.TokenTime(token); ok {
+		notBefore = at.Add(s.cfg.PublishTimeout)
+	}
 	s.later(now.Add(s.cfg.ReservationTTL), func(r string) { s.m.purchased("drain_marker_" + r) }, func() error {
+		if d := time.Until(notBefore); d > 0 {
+			select {
+			case <-s.stop:
+				return errStopped
+			case <-time.After(d):
+			}
+		}
 		pctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
 		defer cancel()
 		err := s.pub.PublishMarker(pctx, m)

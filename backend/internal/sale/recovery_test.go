@@ -2,6 +2,7 @@ package sale_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/seckill/seckill/backend/internal/sale"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/salesdb"
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
@@ -45,7 +47,8 @@ func TestRecoveryLastsUntilTheQueueDrained(t *testing.T) {
 		t.Fatalf("recovering sale %+v: something was reserved", s)
 	}
 
-	// The queue holds the order, then the marker of this recovery.
+	// The queue holds the order, then the marker of this recovery (sent
+	// PublishTimeout after the rebuild).
 	token, err := r.direct.Recovery(ctx, act)
 	if err != nil || token == "" {
 		t.Fatalf("recovery token %q %v", token, err)
@@ -60,9 +63,13 @@ func TestRecoveryLastsUntilTheQueueDrained(t *testing.T) {
 	if !ok || first.Type != "" || first.MessageId != queued.OrderID {
 		t.Fatalf("first message %q type %q, want the queued order %s", first.MessageId, first.Type, queued.OrderID)
 	}
-	second, ok, err := conn.Get(r.topo.Queue, false)
-	servicetest.Must(t, err, "get")
-	if !ok || second.Type != ordermsg.MarkerType {
+	var second amqp.Delivery
+	eventually(t, "the drain marker", func() bool {
+		second, ok, err = conn.Get(r.topo.Queue, false)
+		servicetest.Must(t, err, "get")
+		return ok
+	})
+	if second.Type != ordermsg.MarkerType {
 		t.Fatalf("second message %q type %q, want the drain marker", second.MessageId, second.Type)
 	}
 	m, err := ordermsg.DecodeMarker(second.Body)
@@ -70,7 +77,8 @@ func TestRecoveryLastsUntilTheQueueDrained(t *testing.T) {
 		t.Fatalf("marker %+v %v, want activity %d token %s", m, err, act, token)
 	}
 
-	// The worker's part, in its order: the order, its key, then the marker.
+	// The worker's part, in its order: the order, its key, then (the marker
+	// passed every consumer) the end of the recovery.
 	o, err := ordermsg.Decode(first.Body)
 	servicetest.Must(t, err, "decode order")
 	_, err = r.db.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status, idempotency_key) VALUES (?, ?, ?, 1, 'confirmed', 'k')`, o.OrderID, act, o.UserID)
@@ -82,7 +90,7 @@ func TestRecoveryLastsUntilTheQueueDrained(t *testing.T) {
 		t.Fatalf("settle: %d %v", n, err)
 	}
 	servicetest.Must(t, r.direct.RestoreKeys(ctx, act, []reservation.Decided{{OrderID: o.OrderID, UserID: o.UserID, IdempotencyKey: "k", Quantity: 1}}), "restore key")
-	if ended, err := r.direct.EndRecovery(ctx, act, m.Token); err != nil || !ended {
+	if ended, err := salesdb.EndRecovery(ctx, r.db, r.direct, act, m.Token); err != nil || !ended {
 		t.Fatalf("end recovery: %v %v", ended, err)
 	}
 
@@ -127,5 +135,58 @@ func TestAdminChangeAfterRedisLossRecovers(t *testing.T) {
 	}
 	if s := r.sale(t); s.Total != 20 || s.Pending != 0 {
 		t.Errorf("rebuilt sale %+v", s)
+	}
+}
+
+// The first drain marker of a recovery waits PublishTimeout after the
+// rebuild: a purchase whose reservation Redis lost may still be publishing
+// its order, and a publish confirmed at all is confirmed within
+// PublishTimeout (else its backend refuses it in MySQL). Its message is
+// then ahead of the marker, so the consumers decide it before the recovery
+// can end; a marker sent at once could be ahead of it, and the recovery end
+// without counting its unit.
+func TestDrainMarkerWaitsForPublishesInFlight(t *testing.T) {
+	t.Parallel()
+	const publishTimeout = 1500 * time.Millisecond
+	r := newRigWith(t, func(c *sale.Config) { c.PublishTimeout = publishTimeout })
+	ctx := context.Background()
+	// A purchase reserves; its publish is slow and still on its way when
+	// Redis loses the sale.
+	slow := make(chan ordermsg.Order, 1)
+	release := make(chan struct{})
+	hold := func(ctx context.Context, o ordermsg.Order) error {
+		slow <- o
+		<-release
+		return r.real.Publish(ctx, o)
+	}
+	r.publish.Store(&hold)
+	answered := make(chan error, 1)
+	go func() {
+		_, err := r.purchase("slow", "k")
+		answered <- err
+	}()
+	o := <-slow
+	r.publish.Store(nil)
+	keys, err := r.direct.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(ctx, keys...).Err(), "lose the sale")
+	res, err := r.purchase("other", "") // rebuilds the sale, sends the marker
+	mustUnavailable(t, res, err)
+	rebuilt := time.Now()
+	time.Sleep(publishTimeout / 2)
+	close(release) // confirmed within its PublishTimeout
+	if err := <-answered; err != nil {
+		t.Fatalf("the slow purchase: %v", err)
+	}
+	var ids []string
+	eventually(t, "the order and the marker queued", func() bool {
+		ids = append(ids, r.queued(t)...)
+		return len(ids) >= 2
+	})
+	if ids[0] != o.OrderID || !strings.HasPrefix(ids[1], "drain-") {
+		t.Fatalf("queue %v, want the slow order %s ahead of the drain marker", ids, o.OrderID)
+	}
+	if d := time.Since(rebuilt); d < publishTimeout-100*time.Millisecond {
+		t.Errorf("marker queued %v after the rebuild, want no sooner than PublishTimeout %v", d, publishTimeout)
 	}
 }

@@ -234,6 +234,12 @@ type running struct {
 // consumer's metrics (nil: a store on s.db).
 func (s *stack) start(cfg consume.Config, mk func(*workermetrics.Metrics) consume.Writer) *running {
 	s.t.Helper()
+	return s.startWith(cfg, s.res, mk)
+}
+
+// startWith is start with the consumer's Redis side res.
+func (s *stack) startWith(cfg consume.Config, res consume.Reservations, mk func(*workermetrics.Metrics) consume.Writer) *running {
+	s.t.Helper()
 	m := workermetrics.New(prometheus.NewRegistry())
 	var w consume.Writer = store.New(s.db, m, 10*time.Second)
 	if mk != nil {
@@ -243,7 +249,7 @@ func (s *stack) start(cfg consume.Config, mk func(*workermetrics.Metrics) consum
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{s.t}, nil))
 	}
-	c := consume.New(cfg, s.res, w, s.endRecovery, m, log)
+	c := consume.New(cfg, res, w, s.endRecovery, m, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{m: m, stop: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()

@@ -162,10 +162,12 @@ func TestRecoveryWaitsForEveryPartition(t *testing.T) {
 
 // A consumer that stops while it holds an order queued before the loss
 // gives it back to the queue, where it may be behind a copy of the marker
-// that others passed already: its leaving the registry starts a new round,
-// and only a copy sent after it counts. Worker A holds the order (its write
-// held); worker B (prefetch 1) holds the marker's copies; A stops, the
-// order goes back to the queue and B writes it before the recovery ends.
+// that another consumer received already: its leaving the registry starts a
+// new round, and only a copy sent after that counts. Worker A holds the
+// order (its write held); worker B (prefetch 1) has received the backend's
+// copy, its pass held; A stops, the order goes back to the queue; B's pass
+// then finds the copy of an earlier round and sends it round again, behind
+// the order, which B writes before the recovery ends.
 func TestRecoveryAfterAConsumerLeftHoldingAnOrder(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
@@ -184,15 +186,40 @@ func TestRecoveryAfterAConsumerLeftHoldingAnOrder(t *testing.T) {
 		return gw
 	})
 	<-gw.entered
-	s.start(cfg, nil)
-	s.staysRecovering(48, time.Second, "worker A holds the order queued before the marker")
-	a.shutdown(t) // its write is abandoned: the order goes back to the queue
+	// The registry old enough that its entries count (MinAge: three
+	// refreshes), so that only the round keeps B's pass from ending it.
+	time.Sleep(5 * cfg.RegistryRefresh)
+	gp := &gatedPass{Reservations: s.res, open: make(chan struct{}), entered: make(chan struct{}, 1)}
+	s.startWith(cfg, gp, nil)
+	<-gp.entered // B holds the copy the broker delivered before A left
+	a.shutdown(t) // its write abandoned: the order goes back to the queue
+	close(gp.open)
 	waitFor(t, "the recovery ended", func() bool { return !s.recovering(48) })
 	if st := s.orderStatus(o.OrderID); st != "confirmed" {
 		t.Errorf("order given back by the worker that left is %q when the recovery ended", st)
 	}
 	s.exact(48)
 	s.refused(48, "new-buyer", "", "the only unit is the queued order's")
+}
+
+// gatedPass holds every PassMarker until open is closed.
+type gatedPass struct {
+	consume.Reservations
+	open    chan struct{}
+	entered chan struct{}
+}
+
+func (g *gatedPass) PassMarker(ctx context.Context, p reservation.MarkerPass) (reservation.PassResult, error) {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return reservation.PassResult{}, ctx.Err()
+	}
+	return g.Reservations.PassMarker(ctx, p)
 }
 
 // gatedSettle holds every Settle until open is closed.
