@@ -191,7 +191,7 @@ func TestRecoveryAfterAConsumerLeftHoldingAnOrder(t *testing.T) {
 	time.Sleep(5 * cfg.RegistryRefresh)
 	gp := &gatedPass{Reservations: s.res, open: make(chan struct{}), entered: make(chan struct{}, 1)}
 	s.startWith(cfg, gp, nil)
-	<-gp.entered // B holds the copy the broker delivered before A left
+	<-gp.entered  // B holds the copy the broker delivered before A left
 	a.shutdown(t) // its write abandoned: the order goes back to the queue
 	close(gp.open)
 	waitFor(t, "the recovery ended", func() bool { return !s.recovering(48) })
