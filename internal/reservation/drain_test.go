@@ -1,0 +1,73 @@
+package reservation_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+// The rules of lua/pass.lua, one by one: a pass needs a live entry; a copy
+// of another round is stale; the marker is done only once every live
+// consumer of every partition passed in its partition's current round and
+// every registry is old enough; a consumer that leaves (dropped, or
+// expired) starts a new round, in which the earlier passes do not count.
+func TestPassMarkerRounds(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	queues := []string{"q0", "q1"}
+	a, b, c := reservation.Consumer{Queue: "q0", ID: "a"}, reservation.Consumer{Queue: "q0", ID: "b"}, reservation.Consumer{Queue: "q1", ID: "c"}
+	rounds, err := st.RegisterConsumers(ctx, time.Minute, []reservation.Consumer{a, b, c})
+	servicetest.Must(t, err, "register")
+	pass := func(who reservation.Consumer, partition int, round string, minAge time.Duration) reservation.PassResult {
+		t.Helper()
+		r, err := st.PassMarker(ctx, reservation.MarkerPass{ActivityID: 7, Token: "tok", Queues: queues, Partition: partition,
+			Consumer: who.ID, Round: round, MinAge: minAge, TTL: time.Minute})
+		servicetest.Must(t, err, "pass")
+		return r
+	}
+	want := func(got reservation.PassResult, outcome reservation.PassOutcome, again bool) {
+		t.Helper()
+		if got.Outcome != outcome || got.Again != again {
+			t.Errorf("pass = %+v, want %s again=%v", got, outcome, again)
+		}
+	}
+	if r := pass(reservation.Consumer{ID: "nobody"}, 0, rounds[0], 0); r.Outcome != reservation.PassUnregistered {
+		t.Errorf("pass of an unregistered consumer = %+v", r)
+	}
+	r := pass(a, 0, "", 0) // the backend's copy
+	if r.Outcome != reservation.PassStale || r.Round != rounds[0] {
+		t.Fatalf("pass of the backend's copy = %+v, want stale with round %q", r, rounds[0])
+	}
+	want(pass(a, 0, rounds[0], 0), reservation.PassWaiting, false)
+	want(pass(a, 0, rounds[0], 0), reservation.PassWaiting, true)
+	want(pass(b, 0, rounds[0], 0), reservation.PassWaiting, false)         // partition 1 has not passed
+	want(pass(c, 1, rounds[2], time.Hour), reservation.PassWaiting, false) // registries too young
+	want(pass(c, 1, rounds[2], 0), reservation.PassDone, false)
+
+	// b leaves: partition 0 starts a new round, with a the only one left to
+	// pass it; a's copy of the old round no longer counts.
+	now, err := st.RegisterConsumers(ctx, 0, []reservation.Consumer{b})
+	servicetest.Must(t, err, "drop b")
+	if now[0] == rounds[0] {
+		t.Fatalf("round %q unchanged after a consumer left", now[0])
+	}
+	if r := pass(c, 1, rounds[2], 0); r.Outcome != reservation.PassWaiting {
+		t.Errorf("pass after partition 0 lost a consumer = %+v, want waiting for partition 0's new round", r)
+	}
+	if r := pass(a, 0, rounds[0], 0); r.Outcome != reservation.PassStale || r.Round != now[0] {
+		t.Errorf("pass of a copy of the old round = %+v, want stale with %q", r, now[0])
+	}
+	want(pass(a, 0, now[0], 0), reservation.PassDone, false)
+
+	// c's entry expires: partition 1 starts a new round, with nobody left
+	// to pass it.
+	_, err = st.RegisterConsumers(ctx, time.Millisecond, []reservation.Consumer{c})
+	servicetest.Must(t, err, "short entry")
+	time.Sleep(20 * time.Millisecond)
+	want(pass(a, 0, now[0], 0), reservation.PassWaiting, true)
+}
