@@ -272,7 +272,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 	}
 	// At least one channel per queue; channel i consumes queue i mod n.
 	channels := max(c.cfg.Consumers, len(queues))
-	ended := make(chan struct{}, channels+2)
+	ended := make(chan struct{}, channels+1)
 	all := make([]member, channels)
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:]) // crypto/rand never fails on Linux
