@@ -17,9 +17,12 @@
 --
 -- Returns, per key, the queue's round ("<since>.<removed>") after the call.
 
+local ttl = tonumber(ARGV[1])
+if not ttl or ttl < 0 or #ARGV ~= #KEYS + 1 then
+  return redis.error_reply('consumers.lua: want a ttl and one consumer id per key')
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[1])
 local out = {}
 for i, reg in ipairs(KEYS) do
   local id = ARGV[1 + i]

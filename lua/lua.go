@@ -1,8 +1,8 @@
 // Package lua holds the Redis scripts of seckill, embedded at build time, one
 // *Script per .lua file but record.lua, which holds the encodings of
 // order records and user entries and is put before the scripts that use them.
-// Each script opens with a header naming its KEYS, ARGV and return values. Every key of one script shares a hash tag ({act:ID})
-// so the scripts run unchanged on Redis Cluster, and Redis TIME is their clock.
+// Each script opens with a header naming its KEYS, ARGV and return values. Every key of one script shares a hash tag ({act:ID};
+// {seckill:drain} for the drain markers' consumer registry and passes) so the scripts run unchanged on Redis Cluster, and Redis TIME is their clock.
 package lua
 
 import (

@@ -24,11 +24,16 @@
 --                             again = 1 when the caller had passed before
 --   {"done"}                  every live consumer of every partition passed
 
+local p = #KEYS / 2
+local own, id, copy = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local age, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+if p < 1 or p % 1 ~= 0 or not own or own < 0 or own >= p or not id or id == '' or not copy
+    or not age or not ttl or ttl <= 0 then
+  return redis.error_reply('pass.lua: bad arguments')
+end
+own = own + 1
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local p = #KEYS / 2
-local own, id, copy = tonumber(ARGV[1]) + 1, ARGV[2], ARGV[3]
-local age, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 
 local lives = {}
 for i = 1, p do

@@ -36,6 +36,13 @@ func TestPassMarkerRounds(t *testing.T) {
 			t.Errorf("pass = %+v, want %s again=%v", got, outcome, again)
 		}
 	}
+	if _, err := st.PassMarker(ctx, reservation.MarkerPass{ActivityID: 7, Token: "tok", Queues: queues, Partition: 2,
+		Consumer: "a", TTL: time.Minute}); err == nil {
+		t.Error("a pass for partition 2 of 2 was accepted")
+	}
+	if _, err := st.PassMarker(ctx, reservation.MarkerPass{ActivityID: 7, Token: "tok", Queues: queues, Partition: 0}); err == nil {
+		t.Error("a pass without a consumer id was accepted")
+	}
 	if r := pass(reservation.Consumer{ID: "nobody"}, 0, rounds[0], 0); r.Outcome != reservation.PassUnregistered {
 		t.Errorf("pass of an unregistered consumer = %+v", r)
 	}
