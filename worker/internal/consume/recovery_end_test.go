@@ -2,8 +2,10 @@ package consume_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -343,4 +345,44 @@ func (s *stack) publishTo(key, msgID, typ string, body []byte) {
 	if ok, err := c.WaitContext(ctx); err != nil || !ok {
 		s.t.Fatalf("publish not confirmed: %v", err)
 	}
+}
+
+// failingRegistry fails every RegisterConsumers while failing is set.
+type failingRegistry struct {
+	consume.Reservations
+	failing atomic.Bool
+}
+
+func (f *failingRegistry) RegisterConsumers(ctx context.Context, ttl time.Duration, cs []reservation.Consumer) ([]string, error) {
+	if f.failing.Load() {
+		return nil, errors.New("registry unreachable (test)")
+	}
+	return f.Reservations.RegisterConsumers(ctx, ttl, cs)
+}
+
+// A consumer that cannot refresh its registry entry ends its AMQP session
+// well before the entry expires, so that what it holds is back in the queue
+// before the others may take it as gone (and start a round without it):
+// its write held, it gives the order back once the refreshes fail for half
+// the entry's TTL, and writes it once the registry is back.
+func TestConsumerGivesBackWhatItHoldsWhenItsEntryLapses(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.sale(49, 1, 1)
+	o := s.reserve(49, "held", 1)
+	s.publishOrders(o)
+	cfg := testConfig(s.topo)
+	cfg.Consumers = 1
+	gw := &gatedWriter{open: make(chan struct{}), entered: make(chan struct{}, 1)}
+	fr := &failingRegistry{Reservations: s.res}
+	s.startWith(cfg, fr, func(m *workermetrics.Metrics) consume.Writer {
+		gw.Writer = store.New(s.db, m, 10*time.Second)
+		return gw
+	})
+	<-gw.entered
+	fr.failing.Store(true)
+	waitFor(t, "the held order back in the queue", func() bool { return s.depth(s.topo.Queue) == 1 })
+	fr.failing.Store(false)
+	close(gw.open)
+	waitFor(t, "the order written", func() bool { return s.orderStatus(o.OrderID) == "confirmed" })
 }
