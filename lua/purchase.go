@@ -9,12 +9,14 @@ var (
 	Reserve = load("reserve.lua", record)
 	Release = load("release.lua", record)
 	Queued  = load("queued.lua", record)
-	Claim   = load("claim.lua", record)
-	Settle  = load("settle.lua", record)
-	Warm    = load("warm.lua", record)
-	Archive = load("archive.lua", record)
-	Restore = load("restore.lua", record)
-	Order   = load("order.lua", record)
+	// Requeued writes back a lost record whose publish was confirmed late.
+	Requeued = load("requeued.lua", record)
+	Claim    = load("claim.lua", record)
+	Settle   = load("settle.lua", record)
+	Warm     = load("warm.lua", record)
+	Archive  = load("archive.lua", record)
+	Restore  = load("restore.lua", record)
+	Order    = load("order.lua", record)
 )
 
 // consumerRegistry holds the helpers of the drain markers' consumer registry.

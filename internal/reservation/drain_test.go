@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
 )
@@ -77,4 +78,42 @@ func TestPassMarkerRounds(t *testing.T) {
 	servicetest.Must(t, err, "short entry")
 	time.Sleep(20 * time.Millisecond)
 	want(pass(a, 0, now[0], 0), reservation.PassWaiting, true)
+}
+
+// Requeue writes a lost record back counted (queued, pending, the user's
+// units, its key) and changes nothing when Redis knows the order, has no
+// sale, or the arguments are bad; a settle then moves it as any other.
+func TestRequeue(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	deadline := time.Now().Add(time.Minute)
+	lost := reservation.Decided{OrderID: ordermsg.NewOrderID(8), UserID: "u", IdempotencyKey: "k", Quantity: 2}
+	if ok, err := st.Requeue(ctx, 8, lost, deadline); err != nil || ok {
+		t.Fatalf("requeue without a sale = %v %v, want nothing written", ok, err)
+	}
+	warm(t, st, rdb, 8, open)
+	if _, err := st.Requeue(ctx, 8, reservation.Decided{OrderID: lost.OrderID, UserID: "u"}, deadline); err == nil {
+		t.Error("requeue of quantity 0 accepted")
+	}
+	if ok, err := st.Requeue(ctx, 8, lost, deadline); err != nil || !ok {
+		t.Fatalf("requeue = %v %v", ok, err)
+	}
+	if ok, err := st.Requeue(ctx, 8, lost, deadline); err != nil || ok {
+		t.Errorf("second requeue = %v %v, want nothing written", ok, err)
+	}
+	if s := meta(t, st, 8); s.Pending != 2 {
+		t.Errorf("pending %d after the requeue, want 2", s.Pending)
+	}
+	if r := reserve(t, st, 8, "u", "k", 2); r.Outcome != reservation.Replay || r.OrderID != lost.OrderID {
+		t.Errorf("keyed retry = %s %s, want a replay of %s", r.Outcome, r.OrderID, lost.OrderID)
+	}
+	n, err := st.Settle(ctx, 8, []reservation.Settlement{{OrderID: lost.OrderID, Confirmed: true, Quantity: 2, UserID: "u"}})
+	if err != nil || n != 1 {
+		t.Fatalf("settle = %d %v", n, err)
+	}
+	if s := meta(t, st, 8); s.Pending != 0 || s.Sold != 2 {
+		t.Errorf("sale %+v after the settle, want sold 2, pending 0", s)
+	}
 }

@@ -404,6 +404,21 @@ func (s *Store) MarkQueued(ctx context.Context, activityID int64, orderID string
 	return n == 1, nil
 }
 
+// Requeue writes back, counted, the record of an order whose message the
+// broker confirmed after Redis lost the sale (MarkQueued found no record):
+// a queued pending record, its units pending and the user's, its key bound
+// (lua/requeued.lua). It reports whether it wrote it; nothing changes when
+// Redis knows the order or holds no live sale.
+func (s *Store) Requeue(ctx context.Context, activityID int64, o Decided, deadline time.Time) (bool, error) {
+	k := s.Keys(activityID)
+	n, err := lua.Requeued.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines},
+		o.OrderID, o.Quantity, o.UserID, deadline.UnixMilli(), o.IdempotencyKey).Int64()
+	if err != nil {
+		return false, fmt.Errorf("requeue order %s: %w", o.OrderID, err)
+	}
+	return n == 1, nil
+}
+
 // Claim takes orders over for a MySQL write; it returns one state per order id.
 func (s *Store) Claim(ctx context.Context, activityID int64, orderIDs []string) ([]State, error) {
 	if len(orderIDs) == 0 {

@@ -190,3 +190,53 @@ func TestDrainMarkerWaitsForPublishesInFlight(t *testing.T) {
 		t.Errorf("marker queued %v after the rebuild, want no sooner than PublishTimeout %v", d, publishTimeout)
 	}
 }
+
+// A purchase whose publish is confirmed only after the sale's recovery
+// ended (its backend stalled between the reserve and the publish for
+// longer than the marker waits) finds its record lost with Redis: the
+// record goes back counted, with its key, so that Redis does not sell its
+// unit again and a retry of the key replays it.
+func TestOrderConfirmedAfterTheRecoveryEndedIsCounted(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, func(c *sale.Config) { c.PublishTimeout = 300 * time.Millisecond })
+	ctx := context.Background()
+	slow := make(chan ordermsg.Order, 1)
+	release := make(chan struct{})
+	stall := func(_ context.Context, o ordermsg.Order) error {
+		slow <- o
+		<-release
+		return r.real.Publish(context.Background(), o) // the stall is not the publish's: confirmed
+	}
+	r.publish.Store(&stall)
+	answered := make(chan sale.PurchaseResult, 1)
+	go func() {
+		res, err := r.purchase("slow", "k")
+		servicetest.Must(t, err, "the slow purchase")
+		answered <- res
+	}()
+	o := <-slow
+	r.publish.Store(nil)
+	keys, err := r.direct.SaleKeys(ctx, act)
+	servicetest.Must(t, err, "sale keys")
+	servicetest.Must(t, r.rdb.Del(ctx, keys...).Err(), "lose the sale")
+	res, err := r.purchase("other", "") // rebuilds the sale, sends the marker
+	mustUnavailable(t, res, err)
+	token, err := r.direct.Recovery(ctx, act)
+	servicetest.Must(t, err, "recovery")
+	eventually(t, "the drain marker queued", func() bool { return len(r.queued(t)) > 0 })
+	// The marker passed every consumer (no order was ahead of it).
+	if ended, err := salesdb.EndRecovery(ctx, r.db, r.direct, act, token); err != nil || !ended {
+		t.Fatalf("end recovery: %v %v", ended, err)
+	}
+	close(release)
+	if got := <-answered; got.Outcome != sale.Accepted || got.OrderID != o.OrderID {
+		t.Fatalf("the slow purchase: %+v, want 202 for %s", got, o.OrderID)
+	}
+	if s := r.sale(t); s.Pending != 1 || s.Sold != 0 {
+		t.Errorf("sale %+v after the late confirm, want the queued order pending (1)", s)
+	}
+	retry, err := r.purchase("slow", "k")
+	if err != nil || !retry.Replay || retry.OrderID != o.OrderID {
+		t.Errorf("keyed retry: %+v %v, want a replay of %s", retry, err, o.OrderID)
+	}
+}

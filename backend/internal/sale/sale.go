@@ -499,12 +499,15 @@ func (s *Service) markQueued(ctx context.Context, r PurchaseRequest, o ordermsg.
 	}
 	if !found {
 		// Redis lost the sale while this publish was in flight: its message
-		// may be queued after the drain marker of the rebuild, so the
-		// recovery may end before a worker writes it. Its key goes back
-		// now, so that a retry replays it rather than buy again.
+		// may be queued after the drain marker of the rebuild (the marker
+		// waits PublishTimeout, but this backend may have stalled between
+		// its reserve and its publish), so the recovery may end before a
+		// worker writes it. Its record goes back now, counted, with its key:
+		// Redis does not sell its unit again, and a retry replays it rather
+		// than buy again.
 		d := reservation.Decided{OrderID: o.OrderID, UserID: r.UserID, IdempotencyKey: r.IdempotencyKey, Quantity: o.Quantity}
-		if err := s.store.RestoreKeys(rctx, r.ActivityID, []reservation.Decided{d}); err != nil {
-			s.log.Warn("key of an order confirmed after a Redis loss not restored", "order_id", o.OrderID, "err", err)
+		if _, err := s.store.Requeue(rctx, r.ActivityID, d, time.UnixMilli(o.Deadline)); err != nil {
+			s.log.Warn("record of an order confirmed after a Redis loss not written back", "order_id", o.OrderID, "err", err)
 		}
 		return "pending"
 	}
