@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/seckill/seckill/internal/ordermsg"
-	"github.com/seckill/seckill/internal/saletest"
 	"github.com/seckill/seckill/internal/salesdb"
+	"github.com/seckill/seckill/internal/saletest"
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
