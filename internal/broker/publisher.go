@@ -549,7 +549,7 @@ func (p *Publisher) Publish(ctx context.Context, o ordermsg.Order) error {
 // sent twice is harmless.
 func (p *Publisher) PublishMarker(ctx context.Context, m ordermsg.Marker) error {
 	t := p.cfg.Topology
-	m.Partitions, m.Round = max(1, t.Partitions), ""
+	m.Partitions, m.Round, m.Copy = max(1, t.Partitions), "", ""
 	for i := range m.Partitions {
 		m.Partition = i
 		body, err := m.Encode()

@@ -154,9 +154,12 @@ type Marker struct {
 	// takes its own topology's).
 	Partition  int `json:"partition,omitempty"`
 	Partitions int `json:"partitions,omitempty"`
-	// Round is "" in the backend's copy; a consumer that sends a copy round
-	// again sets it (see reservation.Store.PassMarker).
+	// Round and Copy are "" in the backend's copy; a consumer that sends a
+	// copy round again sets them: the partition's round, and the copy's id
+	// (one copy per partition and round goes on, see
+	// reservation.Store.PassMarker).
 	Round string `json:"round,omitempty"`
+	Copy  string `json:"copy,omitempty"`
 }
 
 // Encode returns the JSON body of m.
@@ -178,8 +181,8 @@ func DecodeMarker(body []byte) (Marker, error) {
 	if m.ActivityID <= 0 || m.Token == "" || len(m.Token) > 64 {
 		return Marker{}, fmt.Errorf("%w: marker of activity %d, token %q", ErrInvalid, m.ActivityID, m.Token)
 	}
-	if m.Partitions < 0 || m.Partition < 0 || (m.Partitions > 0 && m.Partition >= m.Partitions) || len(m.Round) > 64 {
-		return Marker{}, fmt.Errorf("%w: marker copy for partition %d of %d, round %q", ErrInvalid, m.Partition, m.Partitions, m.Round)
+	if m.Partitions < 0 || m.Partition < 0 || (m.Partitions > 0 && m.Partition >= m.Partitions) || len(m.Round) > 64 || len(m.Copy) > 64 {
+		return Marker{}, fmt.Errorf("%w: marker copy for partition %d of %d, round %q, copy %q", ErrInvalid, m.Partition, m.Partitions, m.Round, m.Copy)
 	}
 	return m, nil
 }

@@ -24,12 +24,17 @@ func TestPassMarkerRounds(t *testing.T) {
 	a, b, c := reservation.Consumer{Queue: "q0", ID: "a"}, reservation.Consumer{Queue: "q0", ID: "b"}, reservation.Consumer{Queue: "q1", ID: "c"}
 	rounds, err := st.RegisterConsumers(ctx, time.Minute, []reservation.Consumer{a, b, c})
 	servicetest.Must(t, err, "register")
-	pass := func(who reservation.Consumer, partition int, round string, minAge time.Duration) reservation.PassResult {
+	copyOf := func(who reservation.Consumer, partition int, round, copy string, minAge time.Duration) reservation.PassResult {
 		t.Helper()
 		r, err := st.PassMarker(ctx, reservation.MarkerPass{ActivityID: 7, Token: "tok", Queues: queues, Partition: partition,
-			Consumer: who.ID, Round: round, MinAge: minAge, TTL: time.Minute})
+			Consumer: who.ID, Round: round, Copy: copy, NewCopy: copy, MinAge: minAge, TTL: time.Minute, Takeover: time.Minute})
 		servicetest.Must(t, err, "pass")
 		return r
+	}
+	// pass passes the copy "c" of each partition, the one elected.
+	pass := func(who reservation.Consumer, partition int, round string, minAge time.Duration) reservation.PassResult {
+		t.Helper()
+		return copyOf(who, partition, round, "c", minAge)
 	}
 	want := func(got reservation.PassResult, outcome reservation.PassOutcome, again bool) {
 		t.Helper()
@@ -38,7 +43,7 @@ func TestPassMarkerRounds(t *testing.T) {
 		}
 	}
 	if _, err := st.PassMarker(ctx, reservation.MarkerPass{ActivityID: 7, Token: "tok", Queues: queues, Partition: 2,
-		Consumer: "a", TTL: time.Minute}); err == nil {
+		Consumer: "a", NewCopy: "c", TTL: time.Minute}); err == nil {
 		t.Error("a pass for partition 2 of 2 was accepted")
 	}
 	if _, err := st.PassMarker(ctx, reservation.MarkerPass{ActivityID: 7, Token: "tok", Queues: queues, Partition: 0}); err == nil {
@@ -53,6 +58,10 @@ func TestPassMarkerRounds(t *testing.T) {
 	}
 	want(pass(a, 0, rounds[0], 0), reservation.PassWaiting, false)
 	want(pass(a, 0, rounds[0], 0), reservation.PassWaiting, true)
+	// A second copy of the marker in partition 0 goes no further.
+	if r := copyOf(a, 0, rounds[0], "other", 0); r.Outcome != reservation.PassDrop {
+		t.Errorf("pass of a second copy = %+v, want drop", r)
+	}
 	want(pass(b, 0, rounds[0], 0), reservation.PassWaiting, false)         // partition 1 has not passed
 	want(pass(c, 1, rounds[2], time.Hour), reservation.PassWaiting, false) // registries too young
 	want(pass(c, 1, rounds[2], 0), reservation.PassDone, false)
@@ -78,6 +87,19 @@ func TestPassMarkerRounds(t *testing.T) {
 	servicetest.Must(t, err, "short entry")
 	time.Sleep(20 * time.Millisecond)
 	want(pass(a, 0, now[0], 0), reservation.PassWaiting, true)
+
+	// The elected copy ("c") unseen for the takeover time gives way to
+	// another, which goes on from then.
+	time.Sleep(5 * time.Millisecond)
+	r, err = st.PassMarker(ctx, reservation.MarkerPass{ActivityID: 7, Token: "tok", Queues: queues, Partition: 0,
+		Consumer: "a", Round: now[0], Copy: "", NewCopy: "late", TTL: time.Minute, Takeover: time.Millisecond})
+	servicetest.Must(t, err, "pass")
+	if r.Outcome != reservation.PassWaiting || r.Copy != "late" {
+		t.Errorf("pass of a copy after the takeover time = %+v, want it elected as \"late\"", r)
+	}
+	if r := pass(a, 0, now[0], 0); r.Outcome != reservation.PassDrop {
+		t.Errorf("pass of the copy it took over from = %+v, want drop", r)
+	}
 }
 
 // Requeue writes a lost record back counted (queued, pending, the user's

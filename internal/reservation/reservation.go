@@ -1045,12 +1045,15 @@ type MarkerPass struct {
 	Queues    []string
 	Partition int
 	Consumer  string
-	// Round is the copy's round ("" for the backend's copy).
-	Round string
+	// Round and Copy are the copy's ("" for the backend's copy); NewCopy
+	// names the copy if it is elected to go on now.
+	Round, Copy, NewCopy string
 	// MinAge is the age a queue's registry must have before its entries
 	// count as every live consumer (a registry lost with Redis is rebuilt as
-	// each consumer refreshes); TTL bounds how long the passes are kept.
-	MinAge, TTL time.Duration
+	// each consumer refreshes); TTL bounds how long the passes are kept;
+	// Takeover is how long the elected copy may go unseen before another
+	// copy takes its place.
+	MinAge, TTL, Takeover time.Duration
 }
 
 // PassOutcome is what PassMarker answers.
@@ -1060,16 +1063,18 @@ type PassOutcome string
 const (
 	PassUnregistered PassOutcome = "unregistered" // nothing recorded: register first
 	PassStale        PassOutcome = "stale"        // nothing recorded: send the copy round again with Round
-	PassWaiting      PassOutcome = "waiting"      // recorded; others must pass yet
+	PassWaiting      PassOutcome = "waiting"      // recorded; others must pass yet: send it round again as Copy
+	PassDrop         PassOutcome = "drop"         // recorded; another copy goes round: ack this one
 	PassDone         PassOutcome = "done"         // every live consumer of every partition passed
 )
 
-// PassResult is the outcome of a pass, the partition's round (for the copy
-// sent round again) and whether the consumer had passed in this round before.
+// PassResult is the outcome of a pass, the partition's round and the
+// copy's id (for the copy sent round again), and whether the consumer had
+// passed in this round before.
 type PassResult struct {
-	Outcome PassOutcome
-	Round   string
-	Again   bool
+	Outcome     PassOutcome
+	Round, Copy string
+	Again       bool
 }
 
 // PassMarker records that a consumer decided every delivery it received
@@ -1085,13 +1090,14 @@ func (s *Store) PassMarker(ctx context.Context, p MarkerPass) (PassResult, error
 	for i := range p.Queues {
 		keys = append(keys, s.passesKey(p.ActivityID, p.Token, i))
 	}
-	v, err := lua.Pass.Run(ctx, s.rdb, keys, p.Partition, p.Consumer, p.Round, p.MinAge.Milliseconds(), max(1, p.TTL.Milliseconds())).Slice()
+	v, err := lua.Pass.Run(ctx, s.rdb, keys, p.Partition, p.Consumer, p.Round, p.MinAge.Milliseconds(),
+		max(1, p.TTL.Milliseconds()), p.Copy, p.NewCopy, p.Takeover.Milliseconds()).Slice()
 	if err != nil {
 		return PassResult{}, fmt.Errorf("pass marker of activity %d: %w", p.ActivityID, err)
 	}
-	r := PassResult{Outcome: PassOutcome(str(at(v, 0))), Round: str(at(v, 1)), Again: num(at(v, 2)) == 1}
+	r := PassResult{Outcome: PassOutcome(str(at(v, 0))), Round: str(at(v, 1)), Again: num(at(v, 2)) == 1, Copy: str(at(v, 3))}
 	switch r.Outcome {
-	case PassUnregistered, PassStale, PassWaiting, PassDone:
+	case PassUnregistered, PassStale, PassWaiting, PassDrop, PassDone:
 		return r, nil
 	}
 	return PassResult{}, fmt.Errorf("pass marker of activity %d: %w: %v", p.ActivityID, ErrScript, v)

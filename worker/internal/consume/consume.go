@@ -675,10 +675,13 @@ func (c *Consumer) passMarker(ctx context.Context, me member, m ordermsg.Marker,
 		queues[i] = c.cfg.Topology.PartitionQueue(i)
 	}
 	var r reservation.PassResult
+	var id [8]byte
+	_, _ = rand.Read(id[:]) // crypto/rand never fails on Linux
 	if err := c.redis(ctx, "pass drain marker", func(rctx context.Context) (err error) {
 		r, err = c.res.PassMarker(rctx, reservation.MarkerPass{ActivityID: m.ActivityID, Token: m.Token,
-			Queues: queues, Partition: me.partition, Consumer: me.ID, Round: m.Round,
-			MinAge: 3 * c.cfg.registryRefresh(), TTL: passesTTL})
+			Queues: queues, Partition: me.partition, Consumer: me.ID, Round: m.Round, Copy: m.Copy,
+			NewCopy: hex.EncodeToString(id[:]), MinAge: 3 * c.cfg.registryRefresh(), TTL: passesTTL,
+			Takeover: c.cfg.registryTTL()})
 		return err
 	}); err != nil {
 		return err
@@ -686,6 +689,8 @@ func (c *Consumer) passMarker(ctx context.Context, me member, m ordermsg.Marker,
 	switch {
 	case r.Outcome == reservation.PassDone:
 		return c.endRecovery(ctx, m)
+	case r.Outcome == reservation.PassDrop:
+		return nil // another copy goes round
 	case r.Outcome == reservation.PassUnregistered:
 		// Redis lost the registry: the refresh writes the entry again.
 		if !backoff.Sleep(ctx, c.cfg.registryRefresh()) {
@@ -700,6 +705,9 @@ func (c *Consumer) passMarker(ctx context.Context, me member, m ordermsg.Marker,
 	}
 	if r.Round != "" {
 		m.Round = r.Round
+	}
+	if r.Outcome == reservation.PassWaiting {
+		m.Copy = r.Copy
 	}
 	m.Partition, m.Partitions = me.partition, parts
 	return c.resend(ctx, me, m, dl)
