@@ -117,6 +117,14 @@ func (c Config) registryTTL() time.Duration {
 	return DefaultRegistryTTL
 }
 
+// registryComplete is the age at which a registry holds every consumer
+// that may hold deliveries: a live consumer has refreshed its entry by then,
+// and one that cannot has ended its session (see refresh), its deliveries
+// back in the queue. A registry Redis lost is that young again.
+func (c Config) registryComplete() time.Duration {
+	return c.registryTTL()/2 + 2*c.registryRefresh()
+}
+
 func (c Config) markerPause() time.Duration {
 	if c.MarkerPause > 0 {
 		return c.MarkerPause
@@ -680,7 +688,7 @@ func (c *Consumer) passMarker(ctx context.Context, me member, m ordermsg.Marker,
 	if err := c.redis(ctx, "pass drain marker", func(rctx context.Context) (err error) {
 		r, err = c.res.PassMarker(rctx, reservation.MarkerPass{ActivityID: m.ActivityID, Token: m.Token,
 			Queues: queues, Partition: me.partition, Consumer: me.ID, Round: m.Round, Copy: m.Copy,
-			NewCopy: hex.EncodeToString(id[:]), MinAge: 3 * c.cfg.registryRefresh(), TTL: passesTTL,
+			NewCopy: hex.EncodeToString(id[:]), MinAge: c.cfg.registryComplete(), TTL: passesTTL,
 			Takeover: c.cfg.registryTTL()})
 		return err
 	}); err != nil {

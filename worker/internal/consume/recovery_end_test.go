@@ -188,9 +188,9 @@ func TestRecoveryAfterAConsumerLeftHoldingAnOrder(t *testing.T) {
 		return gw
 	})
 	<-gw.entered
-	// The registry old enough that its entries count (MinAge: three
+	// The registry old enough that its entries count (half the TTL and two
 	// refreshes), so that only the round keeps B's pass from ending it.
-	time.Sleep(5 * cfg.RegistryRefresh)
+	time.Sleep(cfg.RegistryTTL/2 + 3*cfg.RegistryRefresh)
 	gp := &gatedPass{Reservations: s.res, open: make(chan struct{}), entered: make(chan struct{}, 1)}
 	s.startWith(cfg, gp, nil)
 	<-gp.entered  // B holds the copy the broker delivered before A left
@@ -385,4 +385,39 @@ func TestConsumerGivesBackWhatItHoldsWhenItsEntryLapses(t *testing.T) {
 	fr.failing.Store(false)
 	close(gw.open)
 	waitFor(t, "the order written", func() bool { return s.orderStatus(o.OrderID) == "confirmed" })
+}
+
+// Redis loses the consumer registry (it goes with the sale) while worker X
+// holds an order queued before the loss and cannot reach Redis: worker Y's
+// refresh writes a registry without X. The registry counts only once it is
+// old enough that X, unable to refresh, has ended its session and given the
+// order back: Y writes it before the recovery ends.
+func TestRecoveryWaitsForARegistryLostWithRedis(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.sale(50, 1, 1)
+	o := s.reserve(50, "queued-before-loss", 1)
+	o.IdempotencyKey = "k"
+	s.publishOrders(o)
+	s.loseSale(50, 1, 1, "tok")
+	s.publishMarker(ordermsg.Marker{ActivityID: 50, Token: "tok"})
+
+	cfg := testConfig(s.topo)
+	cfg.Consumers, cfg.Prefetch = 1, 1
+	gw := &gatedWriter{open: make(chan struct{}), entered: make(chan struct{}, 1)}
+	x := &failingRegistry{Reservations: s.res}
+	s.startWith(cfg, x, func(m *workermetrics.Metrics) consume.Writer {
+		gw.Writer = store.New(s.db, m, 10*time.Second)
+		return gw
+	})
+	<-gw.entered
+	x.failing.Store(true)
+	servicetest.Must(t, s.rdb.Del(context.Background(), s.res.RegistryKey(s.topo.Queue)).Err(), "lose the registry")
+	s.start(cfg, nil) // Y
+	waitFor(t, "the recovery ended", func() bool { return !s.recovering(50) })
+	if st := s.orderStatus(o.OrderID); st != "confirmed" {
+		t.Errorf("order held by the worker missing from the registry is %q when the recovery ended", st)
+	}
+	s.exact(50)
+	close(gw.open)
 }
