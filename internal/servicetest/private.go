@@ -2,6 +2,7 @@ package servicetest
 
 import (
 	"context"
+	"crypto/tls"
 	"database/sql"
 	"fmt"
 	"net"
@@ -41,6 +42,7 @@ type Private struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	argv   []string
+	tls    *tls.Config // a TLS-only redis-server: how to reach it
 }
 
 // PrivateRedis starts a throwaway redis-server on a free port; it is killed
@@ -87,7 +89,7 @@ func (p *Private) startRedis() error {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	p.cmd, p.exited = cmd, exited
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1, TLSConfig: p.tls})
 	defer rdb.Close()
 	deadline := time.Now().Add(time.Minute)
 	for {
