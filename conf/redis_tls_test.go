@@ -186,3 +186,22 @@ func TestRedisClusterOverTLS(t *testing.T) {
 		t.Errorf("with one server name for all nodes: some key answered %v, some failed on the name %v; want both", answered, failed)
 	}
 }
+
+// Sentinel on TLS (rediss-sentinel://): the Sentinels, the master and its
+// replica each on its own address with a certificate for it alone; the
+// client verifies each Sentinel and the master the Sentinels name by its
+// own address, and a sale sells exactly its stock. With one server name for
+// all (the first Sentinel's address) the master's certificate is refused.
+func TestRedisSentinelOverTLS(t *testing.T) {
+	t.Parallel()
+	r := servicetest.StartTLSSentinel(t)
+	useOverTLS(t, tlsClient(t, r, nil), []int64{1})
+
+	one := tlsClient(t, r, map[string]string{"tls_server_name": "127.0.0.23"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var badName x509.HostnameError
+	if err := one.Get(ctx, "tls:one").Err(); !errors.As(err, &badName) {
+		t.Errorf("with the first Sentinel's name for every server: %v, want the master's certificate refused", err)
+	}
+}

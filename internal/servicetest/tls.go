@@ -94,6 +94,68 @@ func StartTLSCluster(t testing.TB) *TLSRedis {
 	return r
 }
 
+// StartTLSSentinel starts 1 master and 1 replica (replication on TLS) and 3
+// Sentinels (master name "seckill") that speak TLS only, each server on a
+// loopback address of its own, 127.0.0.21–25, with a certificate for that
+// address alone. The URL names the Sentinels.
+func StartTLSSentinel(t testing.TB) *TLSRedis {
+	t.Helper()
+	r := newTLSRedis(t)
+	master := r.startNode(t, "127.0.0.21", []string{"--tls-replication", "yes", "--repl-diskless-sync-delay", "0"})
+	mhost, mport, _ := net.SplitHostPort(master.Addr)
+	// The announce options: a connection to 127.0.0.21 leaves from
+	// 127.0.0.1, which is what the others would otherwise be told.
+	r.startNode(t, "127.0.0.22", []string{"--tls-replication", "yes", "--replicaof", mhost, mport, "--replica-announce-ip", "127.0.0.22"})
+	var sentinels []string
+	for i := range 3 {
+		ip := fmt.Sprintf("127.0.0.%d", 23+i)
+		cfg := filepath.Join(r.dir, "sentinel-"+ip+".conf")
+		// tls-replication: the Sentinel talks TLS to the data nodes.
+		Must(t, os.WriteFile(cfg, []byte("tls-replication yes\nsentinel announce-ip "+ip+"\nsentinel monitor seckill "+mhost+" "+mport+" 2\n"+
+			"sentinel down-after-milliseconds seckill 1000\nsentinel failover-timeout seckill 5000\n"), 0o644), "sentinel config")
+		n := r.startNode(t, ip, []string{"--sentinel"}, cfg)
+		sentinels = append(sentinels, n.Addr)
+	}
+	// Usable once the replica synced and every Sentinel knows the replica
+	// and the two other Sentinels.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		why := sentinelsReady(r.ClientTLS(), r.Nodes[1].Addr, sentinels)
+		if why == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("TLS Sentinel set not ready after 30s: %s", why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r.URL = "rediss-sentinel://" + strings.Join(sentinels, ",") + "/seckill/0"
+	return r
+}
+
+// sentinelsReady is "" once the replica's link is up and each Sentinel
+// sees one replica and two other Sentinels; else what is missing.
+func sentinelsReady(tc *tls.Config, replica string, sentinels []string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	rdb := redis.NewClient(&redis.Options{Addr: replica, TLSConfig: tc, MaxRetries: -1})
+	repl, err := rdb.Info(ctx, "replication").Result()
+	_ = rdb.Close()
+	if err != nil || !strings.Contains(repl, "master_link_status:up") {
+		return fmt.Sprintf("replica %s: %v %q", replica, err, repl)
+	}
+	for _, s := range sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: s, TLSConfig: tc, MaxRetries: -1})
+		m, err := sc.Master(ctx, "seckill").Result()
+		reps, rerr := sc.Replicas(ctx, "seckill").Result()
+		_ = sc.Close()
+		if err != nil || rerr != nil || m["num-other-sentinels"] != "2" || len(reps) != 1 {
+			return fmt.Sprintf("sentinel %s: %v %v, master %v, replicas %v", s, err, rerr, m, reps)
+		}
+	}
+	return ""
+}
+
 // clusterNodeReady: the node sees cluster_state:ok, three replicas, and is
 // a master or a replica whose link to its master is up.
 func clusterNodeReady(rdb *redis.Client) (bool, string) {
@@ -177,18 +239,21 @@ func writePEM(t testing.TB, path, kind string, der []byte) {
 }
 
 // startNode starts a TLS-only redis-server on ip (plain port off) with a
-// certificate for ip alone; it serves as a client certificate too, for the
-// nodes' connections to each other (bus, replication).
-func (r *TLSRedis) startNode(t testing.TB, ip string, extra []string) *Private {
+// certificate for ip alone, from configFile (a Sentinel's, which it
+// rewrites) when given; the certificate serves as a client certificate
+// too, for the servers' connections to each other (bus, replication,
+// Sentinels).
+func (r *TLSRedis) startNode(t testing.TB, ip string, extra []string, configFile ...string) *Private {
 	t.Helper()
 	cert, key := r.Issue(t, "node-"+ip, []net.IP{net.ParseIP(ip)}, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
 	var errs []string
 	for range 5 {
 		port := freePortOn(t, ip)
 		p := &Private{Addr: net.JoinHostPort(ip, strconv.Itoa(port)), tls: r.ClientTLS()}
-		p.argv = append([]string{"redis-server", "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", ip,
+		argv := append(append([]string{"redis-server"}, configFile...), "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", ip,
 			"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", r.CAFile,
-			"--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", r.dir}, extra...)
+			"--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", r.dir)
+		p.argv = append(argv, extra...)
 		if err := p.startRedis(); err != nil {
 			errs = append(errs, err.Error()) // port taken meanwhile: another
 			continue
