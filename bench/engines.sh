@@ -17,9 +17,12 @@
 # cluster are this script's own (no other client counts).
 #
 # Environment: ROUNDS (2), DURATION (8s), CONNS (64), RATE (2000, the
-# limited run), ENGINES_OUT (out/engines), ENGINE_PORT (first port of the
-# own node and cluster, default 18000), STACK_PORTS_FROM (set: the stacks'
-# ports from there up, instead of random ones).
+# limited run), LIMITER_TIMEOUT ([proxy] redis_timeout, default the
+# config's 20ms: on a loaded box calls time out and the breaker opens, and
+# calls per request then count the breaker, not the engine), ENGINES_OUT
+# (out/engines), ENGINE_PORT (first port of the own node and cluster,
+# default 18000), STACK_PORTS_FROM (set: the stacks' ports from there up,
+# instead of random ones).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="$PATH:/usr/local/go/bin:/usr/local/sbin:/usr/sbin:/sbin"
@@ -95,6 +98,9 @@ run() { # engine kind round
 	else
 		stack_write_config "$STACK_OUT/seckill.toml" 10 500
 		args=(-stock 1000 -users 24000 -source-ips 2000 -duration "$DURATION" -tail 2s -rate "$RATE")
+	fi
+	if [[ -n ${LIMITER_TIMEOUT:-} ]]; then
+		sed -i "/^\[proxy\]\$/a redis_timeout = \"$LIMITER_TIMEOUT\"" "$STACK_OUT/seckill.toml"
 	fi
 	stack_up "$STACK_OUT/seckill.toml" 2 2
 	stack_log "$name: load $(cut -d' ' -f1-3 /proc/loadavg)"
