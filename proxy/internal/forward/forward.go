@@ -120,13 +120,18 @@ func NewPool(urls []string, o Options) (*Pool, error) {
 			}
 		}
 		up := &Upstream{Name: u.Host, hc: &fasthttp.HostClient{
-			Addr:                      addr,
-			IsTLS:                     u.Scheme == "https",
-			Dial:                      dial,
-			MaxConns:                  o.MaxConns,
-			MaxIdleConnDuration:       30 * time.Second,
-			ReadTimeout:               o.Timeout,
-			WriteTimeout:              o.Timeout,
+			Addr:                addr,
+			IsTLS:               u.Scheme == "https",
+			Dial:                dial,
+			MaxConns:            o.MaxConns,
+			MaxIdleConnDuration: 30 * time.Second,
+			// No ReadTimeout, and WriteTimeout for TLS only (it bounds the
+			// handshake at dial): Do bounds every exchange with DoTimeout's
+			// deadline (at most Timeout from the first try), which fasthttp
+			// sets on the connection for the write, the response and a
+			// streamed body alike. A client timeout beside it is never the
+			// nearer bound and costs two clock reads per exchange.
+			WriteTimeout:              tlsOnly(u.Scheme == "https", o.Timeout),
 			MaxIdemponentCallAttempts: 1, // retries are ours, on another upstream
 			StreamResponseBody:        true,
 			DisablePathNormalizing:    true,
@@ -144,6 +149,13 @@ func NewPool(urls []string, o Options) (*Pool, error) {
 		p.ups = append(p.ups, up)
 	}
 	return p, nil
+}
+
+func tlsOnly(tls bool, d time.Duration) time.Duration {
+	if tls {
+		return d
+	}
+	return 0
 }
 
 // Upstreams lists the pool's upstreams.
