@@ -133,10 +133,12 @@ func NewPool(urls []string, o Options) (*Pool, error) {
 			// nearer bound and costs two clock reads per exchange.
 			WriteTimeout:              tlsOnly(u.Scheme == "https", o.Timeout),
 			MaxIdemponentCallAttempts: 1, // retries are ours, on another upstream
-			StreamResponseBody:        true,
-			DisablePathNormalizing:    true,
-			NoDefaultUserAgentHeader:  true,
-			MaxConnWaitTimeout:        o.Timeout,
+			// Small responses read whole, the others streamed (transport).
+			StreamResponseBody:       true,
+			Transport:                &transport{bufferUpTo: o.BufferUpTo},
+			DisablePathNormalizing:   true,
+			NoDefaultUserAgentHeader: true,
+			MaxConnWaitTimeout:       o.Timeout,
 		}}
 		if m := o.Metrics; m != nil {
 			for i := 1; i <= 5; i++ {
