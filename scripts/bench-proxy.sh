@@ -190,6 +190,10 @@ echo
 # Warm-up requests of the proxy run also called Redis; they are not counted
 # in REQS, so the figure errs high.
 echo "redis calls per forwarded request (proxy run): $(awk -v c="$((after - before))" -v r="${REQS[proxy]}" 'BEGIN { printf "%.5f (%d calls / %d requests)", c / r, c, r }')"
+# On a loaded machine Redis calls may outlast redis_timeout: those decisions
+# fell back to on_redis_error (their cost is not the lease path's).
+pxdeg=$(curl -s "http://127.0.0.1:$PXA/metrics" | awk '/^seckill_proxy_decisions_total\{outcome="degraded"/ {d+=$2} /^seckill_proxy_decisions_total\{/ {t+=$2} END {printf "%d of %d", d, t}')
+echo "proxy decisions that fell back to on_redis_error (proxy run, warm-up included): $pxdeg"
 fi
 
 # The crowd: one short run each, the proxy first (Redis calls counted).
