@@ -1,7 +1,8 @@
 // Package forward sends admitted requests to the upstreams over keep-alive
 // connections: round-robin over healthy upstreams, hop-by-hop headers
 // stripped both ways, X-Forwarded-For appended, X-Request-ID set when absent,
-// large responses streamed instead of buffered.
+// small responses read whole (their connection back in the pool at once),
+// large ones streamed.
 package forward
 
 import (
@@ -380,7 +381,8 @@ func (p *Pool) prepareResponse(resp *fasthttp.Response) {
 	stripHop(h)
 	h.ResetConnectionClose()
 	if n := h.ContentLength(); n >= 0 && n <= p.o.BufferUpTo {
-		// Small: read it now, which hands the connection back at once.
+		// Small: the pool's transport read it whole already (this is then
+		// free); a streamed one is read now, which hands the connection back.
 		resp.Body()
 	}
 }
