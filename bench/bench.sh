@@ -96,7 +96,7 @@ listener_pid() {
 # The processes whose CPU every run accounts (bench -cpu): the stack's own,
 # and the services' servers (shared with whatever else runs on the box: the
 # "box" row and the load average say how busy it was).
-cpu_groups="proxy=$(stack_pid_of proxy1),backend=$(stack_pid_of backend),worker=$(
+cpu_groups="proxy=$(stack_pid_of proxy1 | tail -n 1),backend=$(stack_pid_of backend | tail -n 1),worker=$(
 	IFS=+
 	echo "${WORKER_PIDS[*]}"
 )"
