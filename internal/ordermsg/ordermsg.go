@@ -103,11 +103,24 @@ var b32 = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(bas
 
 // NewOrderID returns a fresh order id of activity id: "<id>-<26 random chars>".
 // The activity id inside lets a lookup find the sale's keys without an index.
-func NewOrderID(activityID int64) string {
+func NewOrderID(activityID int64) string { return NewShardOrderID(activityID, 0) }
+
+// MaxShards bounds a sale's stock shards (reservation's layout).
+const MaxShards = 64
+
+// NewShardOrderID returns a fresh order id of shard shard of activity id:
+// "<id>-<26 random chars>" for shard 0 (the id of an unsharded sale), else
+// "<id>.<shard>-<26 random chars>", so that a lookup finds the shard's keys
+// without an index too.
+func NewShardOrderID(activityID int64, shard int) string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand never fails on Linux
 	buf := make([]byte, 0, 48)
 	buf = strconv.AppendInt(buf, activityID, 10)
+	if shard > 0 {
+		buf = append(buf, '.')
+		buf = strconv.AppendInt(buf, int64(shard), 10)
+	}
 	buf = append(buf, '-')
 	buf = append(buf, b32.EncodeToString(b[:])...)
 	return string(buf)
@@ -116,20 +129,44 @@ func NewOrderID(activityID int64) string {
 // ActivityOf returns the activity id of an order id, or an error if id is not
 // an order id.
 func ActivityOf(orderID string) (int64, error) {
+	id, _, err := Parse(orderID)
+	return id, err
+}
+
+// ShardOf returns the stock shard of an order id (0 for the unsharded
+// form), or an error if id is not an order id.
+func ShardOf(orderID string) (int, error) {
+	_, shard, err := Parse(orderID)
+	return shard, err
+}
+
+// Parse returns the activity id and the stock shard of an order id.
+func Parse(orderID string) (activityID int64, shard int, err error) {
+	bad := func() (int64, int, error) { return 0, 0, fmt.Errorf("not an order id: %q", orderID) }
 	i := strings.IndexByte(orderID, '-')
 	if i <= 0 || len(orderID) > 64 || len(orderID)-i-1 != 26 {
-		return 0, fmt.Errorf("not an order id: %q", orderID)
+		return bad()
 	}
-	id, err := strconv.ParseInt(orderID[:i], 10, 64)
-	if err != nil || id <= 0 || orderID[0] == '0' || orderID[0] == '+' {
-		return 0, fmt.Errorf("not an order id: %q", orderID)
+	head := orderID[:i]
+	if j := strings.IndexByte(head, '.'); j >= 0 {
+		s := head[j+1:]
+		k, err := strconv.Atoi(s)
+		// Canonical only (no "0", "01", "+1"): one order id per order.
+		if err != nil || k < 1 || k >= MaxShards || s[0] < '1' || s[0] > '9' {
+			return bad()
+		}
+		shard, head = k, head[:j]
+	}
+	id, err := strconv.ParseInt(head, 10, 64)
+	if err != nil || id <= 0 || head[0] == '0' || head[0] == '+' {
+		return bad()
 	}
 	for _, c := range orderID[i+1:] {
 		if !strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", c) {
-			return 0, fmt.Errorf("not an order id: %q", orderID)
+			return bad()
 		}
 	}
-	return id, nil
+	return id, shard, nil
 }
 
 // Time converts a message timestamp.
