@@ -18,6 +18,7 @@ if seq <= (tonumber(redis.call('HGET', KEYS[1], f)) or 0) then
   return {'already'}
 end
 redis.call('HINCRBY', KEYS[1], 'total', tonumber(ARGV[3]))
+redis.call('HINCRBY', KEYS[1], 'mv', 1)
 redis.call('HSET', KEYS[1], f, seq)
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return {'applied'}

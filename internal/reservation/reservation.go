@@ -181,6 +181,10 @@ type Store struct {
 	// shards caches each sale's stock shard count (activity id -> int),
 	// which reserve.lua checks too.
 	shards sync.Map
+	// moveHook, when set (tests), runs between the steps of a move between
+	// shards ("out": the donor gave units up; "in": the recipient added
+	// them); an error abandons the move there, as a process dying would.
+	moveHook func(stage string) error
 }
 
 // New returns a store; prefix isolates stacks that share a Redis.
@@ -336,7 +340,7 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	}
 	for moves := 0; ; moves++ {
 		res, err := s.reserveOn(ctx, r, k)
-		if err != nil || k.Shards <= 1 || moves >= 2*k.Shards {
+		if err != nil || k.Shards <= 1 || moves >= 4*k.Shards+4 {
 			return res, err
 		}
 		need := r.Quantity
@@ -347,12 +351,35 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 		default:
 			return res, nil
 		}
-		n, err := s.Rebalance(ctx, r.ActivityID, k.Shard, k.Shards, need)
+		n, mv, err := s.rebalance(ctx, r.ActivityID, k.Shard, k.Shards, need)
 		if err != nil {
 			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
 		}
-		if n == 0 {
-			return res, nil // no other shard has a unit to give
+		if n > 0 {
+			continue
+		}
+		// No donor had a unit; units in motion meanwhile (into a shard
+		// already asked, or into this one) are not sold out.
+		out, err := s.soldOut(ctx, r.ActivityID, k.Shards, mv)
+		if err != nil {
+			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+		}
+		if out && res.Outcome == SoldOut {
+			return res, nil
+		}
+		if out || res.Outcome == Insufficient {
+			// Insufficient: the units left anywhere are fewer than asked.
+			sale, _, err := s.Sale(ctx, r.ActivityID)
+			if err != nil {
+				return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+			}
+			if out || sale.Available() < r.Quantity {
+				res.Available = sale.Available()
+				if res.Available == 0 {
+					res.Outcome = SoldOut
+				}
+				return res, nil
+			}
 		}
 	}
 }
@@ -678,17 +705,20 @@ func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOut
 	} else {
 		order = append([]int{0}, order...)
 	}
-	outs := map[WarmOutcome]int{}
+	allots := make([]int64, shards)
 	var i int64
-	for _, k := range order {
-		var allot int64
+	for k := range allots {
 		if built[k] {
-			allot = sold[k] + rem/nbuilt
+			allots[k] = sold[k] + rem/nbuilt
 			if i < rem%nbuilt {
-				allot++
+				allots[k]++
 			}
 			i++
 		}
+	}
+	outs := map[WarmOutcome]int{}
+	for _, k := range order {
+		allot := allots[k]
 		flag := "s"
 		if k == 0 {
 			flag = "z"

@@ -162,11 +162,6 @@ func byShard(orderIDs []string) map[int][]int {
 	return out
 }
 
-// moveHook, when set (tests), runs between the steps of a move ("out":
-// the donor gave units up; "in": the recipient added them); an error
-// abandons the move there, as a process dying at that point would.
-var moveHook func(stage string) error
-
 // Rebalance moves units into shard to of a sale of shards shards from the
 // others, at least need if one donor has them (and up to half of what that
 // donor has); it returns the units moved, 0 when no other shard has any.
@@ -176,48 +171,94 @@ var moveHook func(stage string) error
 // its record. A move left half done (a process died) is completed by the
 // next mover of the same pair, or by the reconciler (CompleteMoves).
 func (s *Store) Rebalance(ctx context.Context, activityID int64, to, shards int, need int64) (int64, error) {
+	n, _, err := s.rebalance(ctx, activityID, to, shards, need)
+	return n, err
+}
+
+// rebalance is Rebalance; with nothing moved it also returns every shard's
+// move count as met (the donors' from their empty answers, the
+// recipient's read last), for soldOut.
+func (s *Store) rebalance(ctx context.Context, activityID int64, to, shards int, need int64) (int64, []int64, error) {
 	if shards <= 1 {
-		return 0, nil
+		return 0, nil, nil
 	}
+	mv := make([]int64, shards)
 	// Concurrent movers start at different donors.
 	first := rand.IntN(shards - 1)
 	for i := 0; i < shards-1; i++ {
 		from := (to + 1 + (first+i)%(shards-1)) % shards
-		n, err := s.move(ctx, activityID, from, to, shards, need)
+		n, v, err := s.move(ctx, activityID, from, to, shards, need)
 		if err != nil || n > 0 {
-			return n, err
+			return n, nil, err
 		}
+		mv[from] = v
 	}
-	return 0, nil
+	r, err := s.rdb.HGet(ctx, s.ShardKeys(activityID, to, shards).Meta, "mv").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, nil, fmt.Errorf("read the moves of activity %d: %w", activityID, err)
+	}
+	mv[to] = num(r)
+	return 0, mv, nil
 }
 
-func (s *Store) move(ctx context.Context, activityID int64, from, to, shards int, need int64) (int64, error) {
+// soldOut tells whether no shard held a unit at one instant: every shard
+// has none now and took part in no move since mv (rebalance's counts) was
+// read. Reservations only take units, so shards empty at their first read
+// and untouched by moves until their second were all empty at once, at the
+// instant between the two rounds of reads.
+func (s *Store) soldOut(ctx context.Context, activityID int64, shards int, mv []int64) (bool, error) {
+	p := s.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, shards)
+	for k := range cmds {
+		cmds[k] = p.HMGet(ctx, s.ShardKeys(activityID, k, shards).Meta, "total", "sold", "pending", "mv")
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		return false, fmt.Errorf("read the shards of activity %d: %w", activityID, err)
+	}
+	for k, c := range cmds {
+		v := c.Val()
+		if v[0] == nil {
+			if mv[k] != -1 {
+				return false, nil
+			}
+			continue
+		}
+		if num(v[0])-num(v[1])-num(v[2]) > 0 || num(v[3]) != mv[k] {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func (s *Store) move(ctx context.Context, activityID int64, from, to, shards int, need int64) (int64, int64, error) {
 	d := s.ShardKeys(activityID, from, shards)
 	for try := 0; try < 3; try++ {
 		v, err := lua.MoveOut.Run(ctx, s.rdb, []string{d.Meta, d.Recovering}, to, need).Slice()
 		if err != nil {
-			return 0, fmt.Errorf("move units of activity %d from shard %d to %d: %w", activityID, from, to, err)
+			return 0, 0, fmt.Errorf("move units of activity %d from shard %d to %d: %w", activityID, from, to, err)
 		}
 		seq, n := num(at(v, 1)), num(at(v, 2))
 		switch str(at(v, 0)) {
 		case "empty":
-			return 0, nil
+			return 0, seq, nil
 		case "pending":
 			if err := s.completeMove(ctx, activityID, from, to, shards, seq, n); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			continue
 		case "moved":
-			if moveHook != nil {
-				if err := moveHook("out"); err != nil {
-					return 0, err
+			if s.moveHook != nil {
+				if err := s.moveHook("out"); err != nil {
+					return 0, 0, err
 				}
 			}
-			return n, s.completeMove(ctx, activityID, from, to, shards, seq, n)
+			return n, 0, s.completeMove(ctx, activityID, from, to, shards, seq, n)
 		}
-		return 0, fmt.Errorf("move units of activity %d: %w: %v", activityID, ErrScript, v)
+		return 0, 0, fmt.Errorf("move units of activity %d: %w: %v", activityID, ErrScript, v)
 	}
-	return 0, nil
+	// Three moves of the pair completed in a row: others keep emptying this
+	// donor; count it as met with units in motion.
+	return 0, -2, nil
 }
 
 // completeMove applies move seq of n units from shard from to shard to
@@ -233,8 +274,8 @@ func (s *Store) completeMove(ctx context.Context, activityID int64, from, to, sh
 		// counts as such, until the shard is rebuilt.
 		return nil
 	}
-	if moveHook != nil {
-		if err := moveHook("in"); err != nil {
+	if s.moveHook != nil {
+		if err := s.moveHook("in"); err != nil {
 			return err
 		}
 	}
@@ -270,14 +311,7 @@ func (m shardMeta) inFlight() map[int][2]int64 {
 // protocol is what of a shard's meta moves change: its total and the move
 // fields; two equal reads of it mean no move touched the shard in between.
 func (m shardMeta) protocol() string {
-	var b strings.Builder
-	b.WriteString(m["total"])
-	for f, v := range m {
-		if strings.HasPrefix(f, "mo:") || strings.HasPrefix(f, "ms:") || strings.HasPrefix(f, "mi:") {
-			b.WriteString("|" + f + "=" + v)
-		}
-	}
-	return b.String()
+	return m["total"] + "|" + m["mv"]
 }
 
 func (s *Store) readShards(ctx context.Context, keys []Keys) ([]shardMeta, error) {
