@@ -80,7 +80,7 @@ sentinel-stop:
 # A cluster this target started is stopped again; one already running (make
 # cluster) is left running.
 ENGINE_TESTS ?= ./internal/reservation ./proxy/internal/limiter ./lua
-ENGINE_E2E   ?= TestPurchaseInvariantsUnderConcurrency|TestProxyKeyedReplayAfterSoldOut
+ENGINE_E2E   ?= TestPurchaseInvariantsUnderConcurrency|TestProxyKeyedReplayAfterSoldOut|TestShardedSaleNoFalseSoldOut
 test-engines:
 	@was=; scripts/redis-engines.sh cluster url >/dev/null 2>&1 && was=1; \
 	if ! url=$$(scripts/redis-engines.sh cluster start | tail -1); then \
