@@ -186,6 +186,7 @@ func TestShardLayout(t *testing.T) {
 		if n := len(masters); n < 3 {
 			t.Errorf("8 shards of activity %d sit on %d masters, want all 3", id, n)
 		}
+		t.Logf("on a cluster: 8 shards of activity %d on masters %v", id, masters)
 	}
 }
 
@@ -416,4 +417,153 @@ func TestShardsHotBurst(t *testing.T) {
 			t.Logf("%d buyers, %d reserved", len(users), total)
 		})
 	}
+}
+
+// TestShardedSaleLifecycle: an admin change moves shard 0's total by the
+// change of the stock (a lowering first pulls units into shard 0 when it
+// lacks them, and is refused below what the shards hold), a lost shard is
+// rebuilt alone from MySQL's per-user facts, Sync makes the shard totals
+// add up to the stock again, and the archive leaves only each shard's
+// summary.
+func TestShardedSaleLifecycle(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id, shards = 65, 4
+	now := redisNow(t, rdb)
+	args := reservation.WarmArgs{Total: 20, Limit: 5, Start: now.Add(-time.Hour), End: now.Add(time.Hour), Shards: shards, Gen: 1}
+	out, _, err := st.Warm(ctx, id, args)
+	if err != nil || out != reservation.WarmCreated {
+		t.Fatalf("warm = %s %v", out, err)
+	}
+	allotted := func(want int64) {
+		t.Helper()
+		got, ok, err := st.Allotted(ctx, id)
+		if err != nil || !ok || got != want {
+			t.Errorf("shard totals add up to %d (%v %v), want %d", got, ok, err, want)
+		}
+		if s := meta(t, st, id); s.Total != want {
+			t.Errorf("view total %d, want %d", s.Total, want)
+		}
+	}
+	// Raised: shard 0 takes the 4 more.
+	args.Total, args.Gen = 24, 2
+	if out, _, err := st.Warm(ctx, id, args); err != nil || out != reservation.WarmUpdated {
+		t.Fatalf("raise = %s %v", out, err)
+	}
+	totals, _ := shardTotals(t, st, rdb, id, shards)
+	if fmt.Sprint(totals) != "[9 5 5 5]" {
+		t.Errorf("after raising: shard totals %v, want [9 5 5 5]", totals)
+	}
+	allotted(24)
+	// Shard 0's users hold all 9 of its units (plus what moved in for them).
+	users := usersOn(0, shards, 9, "life")
+	var orders []reservation.Result
+	for _, u := range users {
+		r, err := buy(ctx, st, id, u, "", 1)
+		servicetest.Must(t, err, "buy")
+		if r.Outcome != reservation.Reserved {
+			t.Fatalf("buy = %+v", r)
+		}
+		orders = append(orders, r)
+	}
+	// Lowered to 20: shard 0 would go to 5 under its 9 pending, so units
+	// move in from the others first.
+	args.Total, args.Gen = 20, 3
+	if out, _, err := st.Warm(ctx, id, args); err != nil || out != reservation.WarmUpdated {
+		t.Fatalf("lower = %s %v", out, err)
+	}
+	allotted(20)
+	// Below the 9 reserved: refused, nothing changed.
+	args.Total, args.Gen = 8, 4
+	if out, s, err := st.Warm(ctx, id, args); err != nil || out != reservation.WarmConflict || s.Pending != 9 {
+		t.Errorf("lower below the reserved = %s %+v %v", out, s, err)
+	}
+	allotted(20)
+	args.Total, args.Gen = 20, 5
+	// Settle 5 confirmed, as MySQL would hold them.
+	var set []reservation.Settlement
+	mysql := map[string]int64{}
+	for i, r := range orders[:5] {
+		set = append(set, reservation.Settlement{OrderID: r.OrderID, Confirmed: true, Quantity: 1, UserID: users[i]})
+		mysql[users[i]] = 1
+	}
+	if _, err := st.Settle(ctx, id, set); err != nil {
+		t.Fatal(err)
+	}
+	// Shard 0 is lost (its master died unsynced): the sale is missing
+	// until it is rebuilt; the rebuild builds shard 0 alone, with its
+	// users' confirmed units, and keeps the others.
+	lost := st.ShardKeys(id, 0, shards)
+	keys := snapshotKeys(t, rdb, lost.Base)
+	for _, k := range keys {
+		servicetest.Must(t, rdb.Del(ctx, k).Err(), "lose %s", k)
+	}
+	if _, found, _ := st.Sale(ctx, id); found {
+		t.Errorf("a sale missing shard 0 is found")
+	}
+	rebuild := args
+	rebuild.CreateOnly, rebuild.Sold = true, 5
+	if out, _, err := st.Warm(ctx, id, rebuild); err != nil || out != reservation.WarmNeedUsers {
+		t.Errorf("rebuild without users = %s %v, want need_users", out, err)
+	}
+	rebuild.Users = mysql
+	if out, _, err := st.Warm(ctx, id, rebuild); err != nil || out != reservation.WarmCreated {
+		t.Fatalf("rebuild = %s %v", out, err)
+	}
+	s := meta(t, st, id)
+	if s.Sold != 5 || s.Total != 20 {
+		t.Errorf("rebuilt view = %+v, want 5 sold of 20", s)
+	}
+	// The 4 pending orders of shard 0 went with it (the worker's settle and
+	// the reconciler put them right); Sync makes the counters and the shard
+	// totals exact.
+	res, err := st.Sync(ctx, id, 20, 5, mysql)
+	servicetest.Must(t, err, "sync")
+	if !res.Found {
+		t.Fatal("sync found no sale")
+	}
+	allotted(20)
+	if s := meta(t, st, id); s.Sold != 5 || s.Pending != 0 || s.Available() != 15 {
+		t.Errorf("synced view = %+v", s)
+	}
+	// Ended and archived: each shard leaves its summary only.
+	args.End, args.Gen = now.Add(-time.Hour+time.Minute), 6
+	args.Start = now.Add(-time.Hour)
+	if out, _, err := st.Warm(ctx, id, args); err != nil || out != reservation.WarmUpdated {
+		t.Fatalf("end = %s %v", out, err)
+	}
+	a := reservation.ArchiveArgs{Gen: 6, Total: 20, Sold: 5, SummaryTTL: time.Hour}
+	if out, _, err := st.Archive(ctx, id, a); err != nil || out != reservation.ArchiveDone {
+		t.Fatalf("archive = %s %v", out, err)
+	}
+	for k := 0; k < shards; k++ {
+		sk := st.ShardKeys(id, k, shards)
+		var left []string
+		for _, key := range snapshotKeys(t, rdb, sk.Base) {
+			if key != sk.Meta {
+				left = append(left, key)
+			}
+		}
+		if len(left) > 0 {
+			t.Errorf("shard %d left %v after the archive", k, left)
+		}
+		if a, _ := rdb.HGet(ctx, sk.Meta, "archived").Result(); a == "" {
+			t.Errorf("shard %d's summary not marked archived", k)
+		}
+	}
+	if out, _, err := st.Archive(ctx, id, a); err != nil || out != reservation.ArchiveAlready {
+		t.Errorf("archive again = %s %v", out, err)
+	}
+}
+
+func snapshotKeys(t testing.TB, rdb redis.UniversalClient, prefix string) []string {
+	t.Helper()
+	m := snapshot(t, rdb, prefix)
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
 }
