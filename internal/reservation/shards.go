@@ -183,15 +183,27 @@ func (s *Store) rebalance(ctx context.Context, activityID int64, to, shards int,
 		return 0, nil, nil
 	}
 	mv := make([]int64, shards)
-	// Concurrent movers start at different donors.
+	// Concurrent movers start at different donors. A donor that cannot be
+	// asked (its master is failing over) is passed over: another may have
+	// units; but then nothing is sold out.
+	var failed error
 	first := rand.IntN(shards - 1)
 	for i := 0; i < shards-1; i++ {
 		from := (to + 1 + (first+i)%(shards-1)) % shards
 		n, v, err := s.move(ctx, activityID, from, to, shards, need)
-		if err != nil || n > 0 {
+		if n > 0 || (err != nil && ctx.Err() != nil) {
+			// Moved (an error: its last steps failed, and the next mover of
+			// the pair completes it), or out of time.
 			return n, nil, err
 		}
+		if err != nil {
+			failed = err
+			continue
+		}
 		mv[from] = v
+	}
+	if failed != nil {
+		return 0, nil, failed
 	}
 	r, err := s.rdb.HGet(ctx, s.ShardKeys(activityID, to, shards).Meta, "mv").Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -249,7 +261,7 @@ func (s *Store) move(ctx context.Context, activityID int64, from, to, shards int
 		case "moved":
 			if s.moveHook != nil {
 				if err := s.moveHook("out"); err != nil {
-					return 0, 0, err
+					return n, 0, err
 				}
 			}
 			return n, 0, s.completeMove(ctx, activityID, from, to, shards, seq, n)
