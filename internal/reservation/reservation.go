@@ -518,12 +518,12 @@ func (s *Store) Claim(ctx context.Context, activityID int64, orderIDs []string) 
 		return nil, nil
 	}
 	out := make([]State, len(orderIDs))
-	for shard, idx := range byShard(orderIDs) {
+	for sh, idx := range byShard(orderIDs) {
 		args := make([]any, len(idx))
 		for j, i := range idx {
 			args[j] = orderIDs[i]
 		}
-		v, err := lua.Claim.Run(ctx, s.rdb, []string{s.ShardKeys(activityID, shard, 0).Meta}, args...).StringSlice()
+		v, err := lua.Claim.Run(ctx, s.rdb, []string{s.keysOf(activityID, sh).Meta}, args...).StringSlice()
 		if err != nil {
 			return nil, fmt.Errorf("claim %d orders of activity %d: %w", len(idx), activityID, err)
 		}
@@ -559,8 +559,8 @@ func (s *Store) Settle(ctx context.Context, activityID int64, orders []Settlemen
 		ids[i] = o.OrderID
 	}
 	var changed int64
-	for shard, idx := range byShard(ids) {
-		k := s.ShardKeys(activityID, shard, 0)
+	for sh, idx := range byShard(ids) {
+		k := s.keysOf(activityID, sh)
 		args := make([]any, 0, 3+5*len(idx))
 		args = append(args, Channel(s.prefix), activityID, OrderChannel(s.prefix))
 		for _, i := range idx {
@@ -1129,12 +1129,12 @@ func (s *Store) Forget(ctx context.Context, activityID int64, orderIDs ...string
 	if len(orderIDs) == 0 {
 		return nil
 	}
-	for shard, idx := range byShard(orderIDs) {
+	for sh, idx := range byShard(orderIDs) {
 		m := make([]any, len(idx))
 		for j, i := range idx {
 			m[j] = orderIDs[i]
 		}
-		if err := s.rdb.ZRem(ctx, s.ShardKeys(activityID, shard, 0).Deadlines, m...).Err(); err != nil {
+		if err := s.rdb.ZRem(ctx, s.keysOf(activityID, sh).Deadlines, m...).Err(); err != nil {
 			return fmt.Errorf("forget %d orders of activity %d: %w", len(idx), activityID, err)
 		}
 	}
@@ -1147,13 +1147,13 @@ func (s *Store) Postpone(ctx context.Context, activityID int64, t time.Time, ord
 	if len(orderIDs) == 0 {
 		return nil
 	}
-	for shard, idx := range byShard(orderIDs) {
+	for sh, idx := range byShard(orderIDs) {
 		z := make([]redis.Z, len(idx))
 		for j, i := range idx {
 			z[j] = redis.Z{Score: float64(t.UnixMilli()), Member: orderIDs[i]}
 		}
 		// XX: only while the order is still indexed (not settled meanwhile).
-		if err := s.rdb.ZAddXX(ctx, s.ShardKeys(activityID, shard, 0).Deadlines, z...).Err(); err != nil {
+		if err := s.rdb.ZAddXX(ctx, s.keysOf(activityID, sh).Deadlines, z...).Err(); err != nil {
 			return fmt.Errorf("postpone %d orders of activity %d: %w", len(idx), activityID, err)
 		}
 	}
@@ -1168,8 +1168,8 @@ func (s *Store) Records(ctx context.Context, activityID int64, orderIDs []string
 	if len(orderIDs) == 0 {
 		return out, nil
 	}
-	for shard, idx := range byShard(orderIDs) {
-		k := s.ShardKeys(activityID, shard, 0)
+	for sh, idx := range byShard(orderIDs) {
+		k := s.keysOf(activityID, sh)
 		n, err := s.bucketsOf(ctx, activityID, k)
 		if err != nil {
 			return nil, err
@@ -1401,7 +1401,7 @@ func (s *Store) RestoreKeys(ctx context.Context, activityID int64, orders []Deci
 	for i, o := range orders {
 		ids[i] = o.OrderID
 	}
-	for shard, idx := range byShard(ids) {
+	for sh, idx := range byShard(ids) {
 		args := make([]any, 0, 1+6*len(idx))
 		args = append(args, 0) // the sale exists: restore.lua chooses no bucket count
 		for _, i := range idx {
@@ -1412,7 +1412,7 @@ func (s *Store) RestoreKeys(ctx context.Context, activityID int64, orders []Deci
 		if len(args) == 1 {
 			continue
 		}
-		if err := lua.Restore.Run(ctx, s.rdb, []string{s.ShardKeys(activityID, shard, 0).Meta}, args...).Err(); err != nil {
+		if err := lua.Restore.Run(ctx, s.rdb, []string{s.keysOf(activityID, sh).Meta}, args...).Err(); err != nil {
 			return fmt.Errorf("restore keys of %d orders of activity %d: %w", len(idx), activityID, err)
 		}
 	}
@@ -1438,8 +1438,7 @@ type Decided struct {
 // that builds the sale moves into buckets).
 //
 // Each order goes to the shard its id names; a shard built anew chooses
-// its bucket count from its share of total (the shard count is the one
-// Redis holds, or SetShards's).
+// its bucket count from its share of total.
 func (s *Store) Restore(ctx context.Context, activityID, total int64, orders []Decided) error {
 	shards, err := s.Shards(ctx, activityID)
 	if err != nil {
@@ -1449,12 +1448,16 @@ func (s *Store) Restore(ctx context.Context, activityID, total int64, orders []D
 	for i, o := range orders {
 		ids[i] = o.OrderID
 	}
-	for shard, idx := range byShard(ids) {
+	for sh, idx := range byShard(ids) {
 		sub := make([]Decided, len(idx))
 		for j, i := range idx {
 			sub[j] = orders[i]
 		}
-		if err := s.restoreShard(ctx, activityID, s.ShardKeys(activityID, shard, shards), allotment(total, shard, shards), sub); err != nil {
+		n := shards
+		if sh.n > 0 {
+			n = sh.n // the id names the count
+		}
+		if err := s.restoreShard(ctx, activityID, s.keysOf(activityID, sh), allotment(total, sh.k, n), sub); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -18,7 +19,7 @@ import (
 // Stock shards. A sale may split its stock over K shards (1..MaxShards),
 // each a sale-shaped key set under its own hash tag, so that one sale's
 // reservations spread over K slots (K masters of a cluster). Shard 0 is the
-// unsharded layout ({act:ID}); shard k >= 1 is {act:ID:k}. A user is homed on
+// unsharded layout ({act:ID}); shard k >= 1 is {act:ID:k.n} (ShardTag). A user is homed on
 // one shard (HomeShard): the user's entry, idempotency keys and orders live
 // there, so reserve.lua runs on one slot and the per-user limit and the keys
 // stay exact; the order id names its shard (ordermsg.NewShardOrderID). Each
@@ -44,11 +45,68 @@ func ShardKeys(prefix string, id int64, shard, shards int) Keys {
 		k.Shards = shards
 		return k
 	}
-	base := prefix + "{act:" + strconv.FormatInt(id, 10) + ":" + strconv.Itoa(shard) + "}:"
+	base := prefix + "{" + ShardTag(id, shard, shards) + "}:"
 	return Keys{
 		Meta: base + "meta", Deadlines: base + "deadlines", Recovering: base + "recovering",
 		Base: base, Shard: shard, Shards: shards,
 	}
+}
+
+// ShardTag is the hash tag of shard shard (>= 1) of a sale of shards
+// shards: "act:ID:k.n", with the smallest n >= 0 whose Redis Cluster slot
+// lies within 4 slots past the k-th of shards evenly spaced points of the
+// slot ring, counted from shard 0's slot. A cluster's masters hold contiguous, about
+// equal ranges of slots, so evenly spaced slots spread a sale's shards over
+// the masters as evenly as their count allows (plain "act:ID:k" tags land
+// where CRC16 puts them: three shards on one master one time in nine).
+// Deterministic: every process computes the same tags, and they are part of
+// the layout (never change the rule under a live sale).
+func ShardTag(id int64, shard, shards int) string {
+	key := tagKey{id, shard, shards}
+	if t, ok := tags.Load(key); ok {
+		return t.(string)
+	}
+	const ring = 16384
+	s0 := Slot("act:" + strconv.FormatInt(id, 10))
+	target := (s0 + shard*ring/shards) % ring
+	// A narrow window, so a point near a range's end rarely crosses into
+	// the next master's: ~4096 CRC16s a tag (well under a millisecond, once
+	// per process and shard).
+	const width = 4
+	head := "act:" + strconv.FormatInt(id, 10) + ":" + strconv.Itoa(shard) + "."
+	var tag string
+	for n := 0; ; n++ {
+		tag = head + strconv.Itoa(n)
+		if (Slot(tag)-target+ring)%ring < width {
+			break
+		}
+	}
+	tags.Store(key, tag)
+	return tag
+}
+
+type tagKey struct {
+	id            int64
+	shard, shards int
+}
+
+var tags sync.Map // tagKey -> string
+
+// Slot is the Redis Cluster hash slot of a key without a hash tag (CRC16
+// XMODEM mod 16384, as CLUSTER KEYSLOT).
+func Slot(key string) int {
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for j := 0; j < 8; j++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
 }
 
 // HomeShard is the shard of a sale of shards shards on which user's orders
@@ -75,13 +133,17 @@ func SplitUsers(users map[string]int64, shards int) []map[string]int64 {
 	return out
 }
 
-// shardOf is the shard an order id names (0 for an id that names none).
-func shardOf(orderID string) int {
-	k, err := ordermsg.ShardOf(orderID)
+// shardID names a shard as an order id does: the shard and the sale's
+// shard count (0 and 0 for shard 0, whose keys do not depend on it).
+type shardID struct{ k, n int }
+
+// shardOf is the shard an order id names (shard 0 for an id that names none).
+func shardOf(orderID string) shardID {
+	k, n, err := ordermsg.ShardOf(orderID)
 	if err != nil {
-		return 0
+		return shardID{}
 	}
-	return k
+	return shardID{k, n}
 }
 
 // SetShards tells the store the shard count MySQL holds for a sale, for
@@ -120,7 +182,7 @@ func (s *Store) cachedShards(ctx context.Context, activityID int64) (int, error)
 
 // Home returns the keys of user's home shard in the sale: the purchase path
 // names its order id for that shard (ordermsg.NewShardOrderID(id,
-// k.Shard)) and reserves with Request.Keys = k.
+// k.Shard, k.Shards)) and reserves with Request.Keys = k.
 func (s *Store) Home(ctx context.Context, activityID int64, userID string) (Keys, error) {
 	n, err := s.cachedShards(ctx, activityID)
 	if err != nil {
@@ -134,9 +196,15 @@ func (s *Store) ShardKeys(activityID int64, shard, shards int) Keys {
 	return ShardKeys(s.prefix, activityID, shard, shards)
 }
 
-// orderKeys are the keys of the shard holding order oid.
+// orderKeys are the keys of the shard holding order oid: its id names them.
 func (s *Store) orderKeys(activityID int64, oid string) Keys {
-	return s.ShardKeys(activityID, shardOf(oid), 0)
+	sh := shardOf(oid)
+	return s.ShardKeys(activityID, sh.k, sh.n)
+}
+
+// keysOf are the keys of shard sh.
+func (s *Store) keysOf(activityID int64, sh shardID) Keys {
+	return s.ShardKeys(activityID, sh.k, sh.n)
 }
 
 // allShards lists the keys of every shard of a sale, shard 0 first.
@@ -153,8 +221,8 @@ func (s *Store) allShards(ctx context.Context, activityID int64) ([]Keys, error)
 }
 
 // byShard groups indexes of order ids by the shard they name.
-func byShard(orderIDs []string) map[int][]int {
-	out := map[int][]int{}
+func byShard(orderIDs []string) map[shardID][]int {
+	out := map[shardID][]int{}
 	for i, oid := range orderIDs {
 		k := shardOf(oid)
 		out[k] = append(out[k], i)

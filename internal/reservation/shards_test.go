@@ -40,7 +40,7 @@ func buy(ctx context.Context, st *reservation.Store, id int64, user, key string,
 	}
 	return st.Reserve(ctx, reservation.Request{
 		ActivityID: id, UserID: user, IdempotencyKey: key, Quantity: qty,
-		OrderID: ordermsg.NewShardOrderID(id, home.Shard), TTL: ttl, Keys: home,
+		OrderID: ordermsg.NewShardOrderID(id, home.Shard, home.Shards), TTL: ttl, Keys: home,
 	})
 }
 
@@ -114,7 +114,7 @@ func TestShardLayout(t *testing.T) {
 	if k := st.ShardKeys(id, 0, shards); k.Meta != st.Keys(id).Meta {
 		t.Errorf("shard 0 meta = %s, want the unsharded %s", k.Meta, st.Keys(id).Meta)
 	}
-	if k := st.ShardKeys(id, 3, shards); k.Meta != prefix+"{act:61:3}:meta" {
+	if k := st.ShardKeys(id, 3, shards); !strings.HasPrefix(k.Meta, prefix+"{act:61:3.") || k.Meta != prefix+"{"+reservation.ShardTag(id, 3, shards)+"}:meta" {
 		t.Errorf("shard 3 meta = %s", k.Meta)
 	}
 	for k := 0; k < shards; k++ {
@@ -124,7 +124,7 @@ func TestShardLayout(t *testing.T) {
 		if r.Outcome != reservation.Reserved {
 			t.Fatalf("shard %d: %+v", k, r)
 		}
-		if sh, _ := ordermsg.ShardOf(r.OrderID); sh != k {
+		if sh, n, _ := ordermsg.ShardOf(r.OrderID); sh != k || (k > 0 && n != shards) {
 			t.Errorf("order %s names shard %d, want %d", r.OrderID, sh, k)
 		}
 		// The key replays on the home shard; the limit counts there.
@@ -178,15 +178,24 @@ func TestShardLayout(t *testing.T) {
 		t.Errorf("after settle: %+v", s)
 	}
 	if c, ok := rdb.(*redis.ClusterClient); ok {
-		masters := map[string]bool{}
-		for k := 0; k < 8; k++ {
-			addr := masterOf(t, c, st.ShardKeys(id, k, 8).Meta)
-			masters[addr] = true
+		// Evenly spaced slots (ShardTag): 3 or 6 shards sit evenly on the 3
+		// masters, whatever the sale.
+		for _, n := range []int{3, 6} {
+			for sale := int64(1); sale <= 20; sale++ {
+				per := map[string]int{}
+				for k := 0; k < n; k++ {
+					per[masterOf(t, c, st.ShardKeys(sale, k, n).Meta)]++
+				}
+				if len(per) != 3 {
+					t.Errorf("%d shards of activity %d on %d masters: %v", n, sale, len(per), per)
+				}
+				for m, c := range per {
+					if c != n/3 {
+						t.Errorf("%d shards of activity %d: %d on %s, want %d", n, sale, c, m, n/3)
+					}
+				}
+			}
 		}
-		if n := len(masters); n < 3 {
-			t.Errorf("8 shards of activity %d sit on %d masters, want all 3", id, n)
-		}
-		t.Logf("on a cluster: 8 shards of activity %d on masters %v", id, masters)
 	}
 }
 
@@ -566,4 +575,31 @@ func snapshotKeys(t testing.TB, rdb redis.UniversalClient, prefix string) []stri
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestSlot: Slot is Redis Cluster's key slot (the CRC16 reference vector,
+// and CLUSTER KEYSLOT when the tests run on a cluster), and ShardTag's tags
+// land on evenly spaced slots.
+func TestSlot(t *testing.T) {
+	if got := reservation.Slot("123456789"); got != 0x31C3 {
+		t.Errorf("Slot(123456789) = %d, want %d", got, 0x31C3)
+	}
+	for _, n := range []int{2, 3, 8, 64} {
+		s0 := reservation.Slot("act:77")
+		for k := 1; k < n; k++ {
+			tag := reservation.ShardTag(77, k, n)
+			want := (s0 + k*16384/n) % 16384
+			if d := (reservation.Slot(tag) - want + 16384) % 16384; d >= 4 {
+				t.Errorf("shard %d of %d: tag %s at slot %d, %d past its point %d", k, n, tag, reservation.Slot(tag), d, want)
+			}
+		}
+	}
+	rdb, _ := servicetest.Redis(t)
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		for _, key := range []string{"act:1", "act:77:3.0", "seckill:activities", "x"} {
+			if want, err := c.ClusterKeySlot(context.Background(), key).Result(); err != nil || int64(reservation.Slot(key)) != want {
+				t.Errorf("Slot(%s) = %d, CLUSTER KEYSLOT %d %v", key, reservation.Slot(key), want, err)
+			}
+		}
+	}
 }

@@ -179,7 +179,7 @@ func (c *Checker) readShard(ctx context.Context, store *reservation.Store, id in
 					r.Unreadable = append(r.Unreadable, fmt.Sprintf("reservation record: %v", err))
 					continue
 				}
-				if sh, _ := ordermsg.ShardOf(kv[i]); sh != k.Shard {
+				if sh, n, _ := ordermsg.ShardOf(kv[i]); sh != k.Shard || (sh > 0 && n != k.Shards) {
 					r.Unreadable = append(r.Unreadable, fmt.Sprintf("order %s is in shard %d, not in the shard its id names", kv[i], k.Shard))
 				}
 				if want := k.Order(n, kv[i]); h != want {

@@ -824,7 +824,7 @@ func TestShardedSale(t *testing.T) {
 	}
 	seen := map[int]bool{}
 	for _, oid := range ids {
-		k, err := ordermsg.ShardOf(oid)
+		k, _, err := ordermsg.ShardOf(oid)
 		servicetest.Must(t, err, "order id %s", oid)
 		seen[k] = true
 		if r := s.do(t, "GET", "/api/v1/orders/"+oid, ``, nil); r.status != 200 || r.body["status"] != "pending" {

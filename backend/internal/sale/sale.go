@@ -270,7 +270,7 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 		}
 		req := reservation.Request{
 			ActivityID: r.ActivityID, UserID: r.UserID, IdempotencyKey: r.IdempotencyKey,
-			Quantity: r.Quantity, OrderID: ordermsg.NewShardOrderID(r.ActivityID, home.Shard), TTL: s.cfg.ReservationTTL,
+			Quantity: r.Quantity, OrderID: ordermsg.NewShardOrderID(r.ActivityID, home.Shard, home.Shards), TTL: s.cfg.ReservationTTL,
 			Keys: home,
 		}
 		res, err := s.store.Reserve(rctx, req)

@@ -33,7 +33,7 @@ func TestShardedSaleLostShardsRebuiltAndSynced(t *testing.T) {
 		home, err := sr.Store.Home(ctx, id, user)
 		servicetest.Must(t, err, "home")
 		r, err := sr.Store.Reserve(ctx, reservation.Request{ActivityID: id, UserID: user, Quantity: 1,
-			OrderID: ordermsg.NewShardOrderID(id, home.Shard), TTL: time.Minute, Keys: home})
+			OrderID: ordermsg.NewShardOrderID(id, home.Shard, home.Shards), TTL: time.Minute, Keys: home})
 		servicetest.Must(t, err, "reserve")
 		return r
 	}
