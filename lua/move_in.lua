@@ -2,8 +2,10 @@
 -- move_out.lua): the recipient adds the units of the donor's move seq, once.
 --
 -- KEYS[1] the recipient shard's meta
--- ARGV[1] the donor's shard index, ARGV[2] seq, ARGV[3] units,
--- ARGV[4] pub/sub channel, ARGV[5] activity id
+-- ARGV[1] the donor's shard index, ARGV[2] seq, ARGV[3] units
+--
+-- Nothing is published: the units were sellable on the donor already, and
+-- no one was told sold out meanwhile (that answer needs every shard empty).
 --
 -- Returns {"applied"} (added now), {"already"} (seq was applied before:
 -- nothing changed) or {"missing"} (no such shard in Redis: nothing changed;
@@ -20,5 +22,4 @@ end
 redis.call('HINCRBY', KEYS[1], 'total', tonumber(ARGV[3]))
 redis.call('HINCRBY', KEYS[1], 'mv', 1)
 redis.call('HSET', KEYS[1], f, seq)
-redis.call('PUBLISH', ARGV[4], ARGV[5])
 return {'applied'}

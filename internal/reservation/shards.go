@@ -345,7 +345,7 @@ func (s *Store) move(ctx context.Context, activityID int64, from, to, shards int
 // (once, however often it runs) and clears the donor's record of it.
 func (s *Store) completeMove(ctx context.Context, activityID int64, from, to, shards int, seq, n int64) error {
 	d, r := s.ShardKeys(activityID, from, shards), s.ShardKeys(activityID, to, shards)
-	v, err := lua.MoveIn.Run(ctx, s.rdb, []string{r.Meta}, from, seq, n, Channel(s.prefix), activityID).Slice()
+	v, err := lua.MoveIn.Run(ctx, s.rdb, []string{r.Meta}, from, seq, n).Slice()
 	if err != nil {
 		return fmt.Errorf("move units of activity %d into shard %d: %w", activityID, to, err)
 	}
@@ -388,8 +388,9 @@ func (m shardMeta) inFlight() map[int][2]int64 {
 	return out
 }
 
-// protocol is what of a shard's meta moves change: its total and the move
-// fields; two equal reads of it mean no move touched the shard in between.
+// protocol is what of a shard's meta moves change: its total and its move
+// count; two equal reads of it mean no move touched the shard in between
+// (move_done only clears a record already applied: it moves no unit).
 func (m shardMeta) protocol() string {
 	return m["total"] + "|" + m["mv"]
 }
@@ -436,19 +437,18 @@ func (s *Store) CompleteMoves(ctx context.Context, activityID int64) (int, error
 	return n, nil
 }
 
-// Allotted returns the sum of a sale's shard totals with no move in flight,
-// from two reads of every shard between which none changed (so the sum held
-// at one instant: every first read came before every second one); ok is
-// false when moves kept going through every attempt, or a shard is missing.
+// Allotted returns the units a sale's shards hold: their totals and the
+// units of the moves in flight between them (taken off a donor, not yet
+// applied by the recipient), from two reads of every shard between which
+// none took part in a move (so the sum held at one instant: every first
+// read came before every second one). It only reads. ok is false when moves
+// kept going through every attempt, or a shard is missing.
 func (s *Store) Allotted(ctx context.Context, activityID int64) (sum int64, ok bool, err error) {
 	keys, err := s.allShards(ctx, activityID)
 	if err != nil {
 		return 0, false, err
 	}
 	for attempt := 0; attempt < 5; attempt++ {
-		if _, err := s.CompleteMoves(ctx, activityID); err != nil {
-			return 0, false, err
-		}
 		a, err := s.readShards(ctx, keys)
 		if err != nil {
 			return 0, false, fmt.Errorf("read the shards of activity %d: %w", activityID, err)
@@ -462,12 +462,20 @@ func (s *Store) Allotted(ctx context.Context, activityID int64) (sum int64, ok b
 			if a[i]["total"] == "" {
 				return 0, false, nil
 			}
-			if a[i].protocol() != b[i].protocol() || len(a[i].inFlight()) > 0 {
+			if a[i].protocol() != b[i].protocol() {
 				stable = false
 				break
 			}
 			t, _ := strconv.ParseInt(a[i]["total"], 10, 64)
 			sum += t
+			for to, sn := range a[i].inFlight() {
+				if to >= 0 && to < len(a) {
+					applied, _ := strconv.ParseInt(a[to]["mi:"+strconv.Itoa(i)], 10, 64)
+					if sn[0] > applied {
+						sum += sn[1]
+					}
+				}
+			}
 		}
 		if stable {
 			return sum, true, nil

@@ -268,6 +268,9 @@ func TestShardMoveAbandoned(t *testing.T) {
 	}
 	next++
 	check("abandoned after move_out", true)
+	if sum, ok, err := st.Allotted(ctx, id); err != nil || !ok || sum != stock {
+		t.Errorf("Allotted with a move in flight = %d %v %v, want %d (it counts the units in flight)", sum, ok, err, stock)
+	}
 	n, err := st.CompleteMoves(ctx, id)
 	servicetest.Must(t, err, "complete moves")
 	if n != 1 {
