@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -204,11 +205,17 @@ func masterOf(t testing.TB, c *redis.ClusterClient, key string) string {
 	ctx := context.Background()
 	slot, err := c.ClusterKeySlot(ctx, key).Result()
 	servicetest.Must(t, err, "keyslot")
-	slots, err := c.ClusterSlots(ctx).Result()
-	servicetest.Must(t, err, "cluster slots")
-	for _, s := range slots {
-		if int64(s.Start) <= slot && slot <= int64(s.End) {
-			return s.Nodes[0].Addr
+	shards, err := c.ClusterShards(ctx).Result()
+	servicetest.Must(t, err, "cluster shards")
+	for _, s := range shards {
+		for _, r := range s.Slots {
+			if r.Start <= slot && slot <= r.End {
+				for _, n := range s.Nodes {
+					if n.Role == "master" {
+						return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+					}
+				}
+			}
 		}
 	}
 	t.Fatalf("no master holds slot %d", slot)
