@@ -75,8 +75,8 @@ sentinel-stop:
 	@scripts/redis-engines.sh sentinel stop
 
 # The short form of the engine tests: the reservation scripts, the limiter,
-# the script loader and one end-to-end sale on the local Redis Cluster (and
-# the engines' own start tests). Under CI a cluster that cannot start fails.
+# the script loader and three end-to-end sales (one in 8 stock shards) on the
+# local Redis Cluster (and the engines' own start tests). Under CI a cluster that cannot start fails.
 # A cluster this target started is stopped again; one already running (make
 # cluster) is left running.
 ENGINE_TESTS ?= ./internal/reservation ./proxy/internal/limiter ./lua
