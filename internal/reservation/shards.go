@@ -74,13 +74,17 @@ func ShardTag(id int64, shard, shards int) string {
 	// per process and shard).
 	const width = 4
 	head := "act:" + strconv.FormatInt(id, 10) + ":" + strconv.Itoa(shard) + "."
-	var tag string
-	for n := 0; ; n++ {
-		tag = head + strconv.Itoa(n)
-		if (Slot(tag)-target+ring)%ring < width {
+	// CRC16 runs on: the head's once, then each candidate's digits only.
+	h := crc16(0, head)
+	var digits []byte
+	n := 0
+	for ; ; n++ {
+		digits = strconv.AppendInt(digits[:0], int64(n), 10)
+		if (int(crc16(h, string(digits))%ring)-target+ring)%ring < width {
 			break
 		}
 	}
+	tag := head + strconv.Itoa(n)
 	tags.Store(key, tag)
 	return tag
 }
@@ -94,10 +98,12 @@ var tags sync.Map // tagKey -> string
 
 // Slot is the Redis Cluster hash slot of a key without a hash tag (CRC16
 // XMODEM mod 16384, as CLUSTER KEYSLOT).
-func Slot(key string) int {
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
+func Slot(key string) int { return int(crc16(0, key) % 16384) }
+
+// crc16 continues CRC16 XMODEM from crc over s.
+func crc16(crc uint16, s string) uint16 {
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
 		for j := 0; j < 8; j++ {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
@@ -106,7 +112,7 @@ func Slot(key string) int {
 			}
 		}
 	}
-	return int(crc) % 16384
+	return crc
 }
 
 // HomeShard is the shard of a sale of shards shards on which user's orders

@@ -135,3 +135,12 @@ func nodeCalls(t testing.TB, c *redis.ClusterClient) map[string]nodeStats {
 	servicetest.Must(t, err, "commandstats")
 	return out
 }
+
+// BenchmarkShardTagCold: the cost of a shard's tag the first time a process
+// names it (ShardTag caches it after): ~4,096 CRC16s of a few digits.
+func BenchmarkShardTagCold(b *testing.B) {
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		reservation.ShardTag(int64(1_000_000+i), 1+i%63, 64)
+	}
+}
