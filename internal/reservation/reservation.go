@@ -340,7 +340,7 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	}
 	for moves := 0; ; moves++ {
 		res, err := s.reserveOn(ctx, r, k)
-		if err != nil || k.Shards <= 1 || moves >= 4*k.Shards+4 {
+		if err != nil || k.Shards <= 1 {
 			return res, err
 		}
 		need := r.Quantity
@@ -350,6 +350,11 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 			need -= res.Available
 		default:
 			return res, nil
+		}
+		if moves >= 4*k.Shards+4 {
+			// Units kept moving under this request: not known to be sold
+			// out, and nothing reserved.
+			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, ErrMoving)
 		}
 		n, mv, err := s.rebalance(ctx, r.ActivityID, k.Shard, k.Shards, need)
 		if err != nil {

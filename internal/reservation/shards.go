@@ -37,6 +37,11 @@ const MaxShards = ordermsg.MaxShards
 // (Store.Home).
 var ErrShards = errors.New("the sale's stock shards changed")
 
+// ErrMoving: units kept moving between the sale's shards through every try
+// of a purchase whose home shard was empty; nothing was reserved, and the
+// sale is not known to be sold out (answer "unavailable, retry").
+var ErrMoving = errors.New("units kept moving between stock shards")
+
 // ShardKeys returns the keys of stock shard shard of activity id in a sale
 // of shards shards; shard 0 is KeysFor.
 func ShardKeys(prefix string, id int64, shard, shards int) Keys {
