@@ -14,8 +14,12 @@ import (
 )
 
 // prefill reserves n orders in Redis, as the backend would, and publishes
-// them with every confirm awaited.
-func prefill(b *testing.B, s *stack, n int) {
+// them with every confirm awaited, one message per order.
+func prefill(b *testing.B, s *stack, n int) { prefillBatches(b, s, n, 1) }
+
+// prefillBatches is prefill with per orders a message: a multi-order (v2)
+// message each when per > 1, as the backend's group commit publishes.
+func prefillBatches(b *testing.B, s *stack, n, per int) {
 	b.Helper()
 	s.sale(1, int64(n), 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -30,13 +34,21 @@ func prefill(b *testing.B, s *stack, n int) {
 		}
 		confs = confs[:0]
 	}
+	var group []ordermsg.Order
 	for i := range n {
-		o := s.reserve(1, fmt.Sprintf("user%06d", i), 1)
-		body, err := o.Encode()
+		group = append(group, s.reserve(1, fmt.Sprintf("user%06d", i), 1))
+		if len(group) < per && i < n-1 {
+			continue
+		}
+		body, err := group[0].Encode()
+		if per > 1 {
+			body, err = ordermsg.Batch{Orders: group}.Encode()
+		}
 		servicetest.Must(b, err, "encode")
 		c, err := s.pubCh.PublishWithDeferredConfirmWithContext(ctx, s.topo.Exchange, s.topo.RoutingKey, true, false,
-			amqp.Publishing{ContentType: ordermsg.ContentType, DeliveryMode: amqp.Persistent, MessageId: o.OrderID, Body: body})
+			amqp.Publishing{ContentType: ordermsg.ContentType, DeliveryMode: amqp.Persistent, MessageId: group[0].OrderID, Body: body})
 		servicetest.Must(b, err, "publish")
+		group = group[:0]
 		if confs = append(confs, c); len(confs) == inFlight {
 			flush()
 		}
@@ -47,28 +59,36 @@ func prefill(b *testing.B, s *stack, n int) {
 // BenchmarkDrain measures how fast a pre-filled queue of orders drains: the
 // worker's consumer (claim, MySQL batch, ack, settle) against the raw
 // ceiling, a manual-ack consumer with the same channels and prefetch that
-// does nothing but ack (multiple, once per batch). One op is one message.
-// Run it with a fixed count, e.g. -benchtime=5000x: each run pre-fills.
+// does nothing but ack (multiple, once per batch). One op is one order:
+// "worker" takes one message per order, "worker-per=N" multi-order messages
+// of N orders (the backend's group commit). Run it with a fixed count, e.g.
+// -benchtime=5000x: each run pre-fills.
 func BenchmarkDrain(b *testing.B) {
-	b.Run("worker", func(b *testing.B) {
-		s := newStack(b)
-		prefill(b, s, b.N)
-		cfg := testConfig(s.topo)
-		cfg.Prefetch, cfg.BatchSize = 400, 100
-		b.ReportAllocs()
-		b.ResetTimer()
-		r := s.start(cfg, nil)
-		for decided(r) < b.N || s.depth(s.topo.Queue) > 0 {
-			time.Sleep(time.Millisecond)
+	for _, per := range []int{1, 20, 100} {
+		name := "worker"
+		if per > 1 {
+			name = fmt.Sprintf("worker-per=%d", per)
 		}
-		b.StopTimer()
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-		b.ReportMetric(float64(b.N)/value(r.m.Batches), "orders/batch")
-		r.shutdown(b)
-		if got := s.countOrders(); got != b.N {
-			b.Fatalf("%d orders written, want %d", got, b.N)
-		}
-	})
+		b.Run(name, func(b *testing.B) {
+			s := newStack(b)
+			prefillBatches(b, s, b.N, per)
+			cfg := testConfig(s.topo)
+			cfg.Prefetch, cfg.BatchSize = 400, 100
+			b.ReportAllocs()
+			b.ResetTimer()
+			r := s.start(cfg, nil)
+			for decided(r) < b.N || s.depth(s.topo.Queue) > 0 {
+				time.Sleep(time.Millisecond)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "orders/s")
+			b.ReportMetric(float64(b.N)/value(r.m.Batches), "orders/batch")
+			r.shutdown(b)
+			if got := s.countOrders(); got != b.N {
+				b.Fatalf("%d orders written, want %d", got, b.N)
+			}
+		})
+	}
 	b.Run("raw", func(b *testing.B) {
 		s := newStack(b)
 		prefill(b, s, b.N)
