@@ -122,3 +122,32 @@ func TestReadCommittedIsSetPerConnection(t *testing.T) {
 		t.Error("a pool without the option reads committed too: the test proves nothing")
 	}
 }
+
+// BenchmarkReadCommittedTx: an empty READ COMMITTED transaction on a pool
+// with the level set per connection (schema.ReadCommitted) against one
+// asking per transaction (sql.TxOptions, a SET TRANSACTION round trip more).
+func BenchmarkReadCommittedTx(b *testing.B) {
+	c := conf.Default().MySQL
+	c.DSN = servicetest.MySQLDSN(b)
+	ctx := context.Background()
+	for _, mode := range []string{"per-tx", "per-connection"} {
+		b.Run(mode, func(b *testing.B) {
+			var opts []schema.Option
+			tx := &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+			if mode == "per-connection" {
+				opts, tx = []schema.Option{schema.ReadCommitted}, nil
+			}
+			db, err := schema.Open(ctx, c, opts...)
+			servicetest.Must(b, err, "open")
+			defer db.Close()
+			b.ReportAllocs()
+			for b.Loop() {
+				t, err := db.BeginTx(ctx, tx)
+				servicetest.Must(b, err, "begin")
+				var one int
+				servicetest.Must(b, t.QueryRowContext(ctx, "SELECT 1").Scan(&one), "select")
+				servicetest.Must(b, t.Commit(), "commit")
+			}
+		})
+	}
+}
