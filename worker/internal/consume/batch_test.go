@@ -302,3 +302,81 @@ func TestConsumeMultiOrderMessageRedeliveredAfterCrashMidBatch(t *testing.T) {
 		})
 	}
 }
+
+// While one batch is being written the next is collected and claimed in
+// Redis (the claim's round trip overlaps the commit) — but not when the
+// batch in hand carries a drain marker, whose recovery ends only once that
+// batch is decided. Either way every order ends written once and settled.
+func TestConsumeClaimsTheNextBatchWhileOneCommits(t *testing.T) {
+	t.Parallel()
+	for _, withMarker := range []bool{false, true} {
+		name := "plain"
+		if withMarker {
+			name = "marker in hand"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := newStack(t)
+			s.sale(54, 100, 1)
+			var orders []ordermsg.Order
+			for _, u := range users(30) {
+				orders = append(orders, s.reserve(54, u, 1))
+			}
+			if withMarker {
+				s.publishMarker(ordermsg.Marker{ActivityID: 54, Token: "none"})
+			}
+			s.publishBatch("first", orders[:10]...)
+			s.publishBatch("second", orders[10:20]...)
+			s.publishBatch("third", orders[20:]...)
+			cfg := testConfig(s.topo)
+			cfg.Consumers, cfg.BatchSize = 1, 10
+			g := &gate{entered: make(chan []store.Order, 1), release: make(chan struct{})}
+			r := s.start(cfg, func(m *workermetrics.Metrics) consume.Writer {
+				g.w = store.New(s.db, m, 10*time.Second)
+				return g
+			})
+			held := <-g.entered
+			if len(held) != 10 || held[0].OrderID != orders[0].OrderID {
+				t.Fatalf("first write: %d orders", len(held))
+			}
+			state := func(o ordermsg.Order) reservation.State {
+				rec, _, err := s.res.Order(context.Background(), 54, o.OrderID)
+				servicetest.Must(t, err, "record")
+				return rec.State
+			}
+			if withMarker {
+				// Give the next batch time to be collected (it is), and
+				// to be claimed (it must not be).
+				time.Sleep(300 * time.Millisecond)
+				for _, o := range orders[10:] {
+					if st := state(o); st != reservation.Pending {
+						t.Errorf("order %s behind a batch with a marker is %q while that batch is written, want still pending", o.UserID, st)
+					}
+				}
+			} else {
+				waitFor(t, "the next batch claimed while the first is written", func() bool {
+					for _, o := range orders[10:20] {
+						if state(o) != reservation.Claimed {
+							return false
+						}
+					}
+					return true
+				})
+				for _, o := range orders[20:] {
+					if st := state(o); st != reservation.Pending {
+						t.Errorf("order %s two batches ahead is %q, want pending: one batch is claimed ahead, not more", o.UserID, st)
+					}
+				}
+			}
+			close(g.release)
+			waitFor(t, "every order written", func() bool { return s.countOrders() == len(orders) && s.depth(s.topo.Queue) == 0 })
+			r.shutdown(t)
+			for _, o := range orders {
+				if st := s.orderStatus(o.OrderID); st != "confirmed" {
+					t.Errorf("order %s: %q", o.UserID, st)
+				}
+			}
+			s.checkSettled(54, orders)
+		})
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/seckill/seckill/internal/ordermsg"
@@ -65,29 +67,37 @@ func prefillBatches(b *testing.B, s *stack, n, per int) {
 // -benchtime=5000x: each run pre-fills.
 func BenchmarkDrain(b *testing.B) {
 	for _, per := range []int{1, 20, 100} {
-		name := "worker"
-		if per > 1 {
-			name = fmt.Sprintf("worker-per=%d", per)
+		for _, serial := range []bool{false, true} {
+			name := "worker"
+			if per > 1 {
+				name = fmt.Sprintf("worker-per=%d", per)
+			}
+			if serial {
+				name += "-serial"
+			}
+			b.Run(name, func(b *testing.B) {
+				s := newStack(b)
+				prefillBatches(b, s, b.N, per)
+				cfg := testConfig(s.topo)
+				cfg.Prefetch, cfg.BatchSize = 400, 100
+				cfg.SerialClaims = serial
+				b.ReportAllocs()
+				b.ResetTimer()
+				r := s.start(cfg, nil)
+				for decided(r) < b.N || s.depth(s.topo.Queue) > 0 {
+					time.Sleep(time.Millisecond)
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "orders/s")
+				b.ReportMetric(float64(b.N)/value(r.m.Batches), "orders/batch")
+				// The share of the channels' time inside MySQL transactions.
+				b.ReportMetric(sum(r.m.TxSeconds)/b.Elapsed().Seconds()/float64(cfg.Consumers), "tx-share")
+				r.shutdown(b)
+				if got := s.countOrders(); got != b.N {
+					b.Fatalf("%d orders written, want %d", got, b.N)
+				}
+			})
 		}
-		b.Run(name, func(b *testing.B) {
-			s := newStack(b)
-			prefillBatches(b, s, b.N, per)
-			cfg := testConfig(s.topo)
-			cfg.Prefetch, cfg.BatchSize = 400, 100
-			b.ReportAllocs()
-			b.ResetTimer()
-			r := s.start(cfg, nil)
-			for decided(r) < b.N || s.depth(s.topo.Queue) > 0 {
-				time.Sleep(time.Millisecond)
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "orders/s")
-			b.ReportMetric(float64(b.N)/value(r.m.Batches), "orders/batch")
-			r.shutdown(b)
-			if got := s.countOrders(); got != b.N {
-				b.Fatalf("%d orders written, want %d", got, b.N)
-			}
-		})
 	}
 	b.Run("raw", func(b *testing.B) {
 		s := newStack(b)
@@ -159,4 +169,13 @@ func BenchmarkDrain(b *testing.B) {
 // decided counts orders the consumer has committed.
 func decided(r *running) int {
 	return int(value(r.m.Orders.WithLabelValues("confirmed")) + value(r.m.Orders.WithLabelValues("redelivered")))
+}
+
+// sum is the sample sum of a histogram.
+func sum(m prometheus.Metric) float64 {
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		panic(err)
+	}
+	return d.GetHistogram().GetSampleSum()
 }

@@ -52,6 +52,9 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Name labels the AMQP connection in the broker's tools.
 	Name string
+	// SerialClaims: claim a batch's orders in Redis only once the batch
+	// before it is done, instead of while it commits (benchmarks compare).
+	SerialClaims bool
 	// DeadLetters: also consume the dead-letter queue, deciding each order
 	// in it (see deadLoop). Every worker does; tests of the dead-letter
 	// publish itself leave it off to look into the queue.
@@ -301,17 +304,101 @@ func (c *Consumer) loop(ctx, proc, work context.Context, ch *amqp.Channel, deliv
 		close(settles)
 		settler.Wait()
 	}()
-	batch := make([]inbound, 0, c.cfg.BatchSize)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	for {
-		batch = batch[:0]
-		more := c.collect(ctx, deliveries, timer, &batch)
-		if len(batch) > 0 && !c.handle(proc, ch, batch, dl, settles) {
-			return // some delivery undecided: stop before anything later is acked
+	// While a batch is handled the next one is collected, decoded and, unless
+	// the one in hand carries a drain marker (its recovery ends only once
+	// the batch is decided), claimed in Redis: the claim's round trip then
+	// overlaps the MySQL commit. Batches are still handled one after the
+	// other, in order.
+	type gathered struct {
+		batch []inbound
+		more  bool
+	}
+	gather := func(gctx context.Context, claim bool) gathered {
+		g := gathered{batch: make([]inbound, 0, c.cfg.BatchSize)}
+		g.more = c.collect(gctx, deliveries, timer, &g.batch)
+		if claim && len(g.batch) > 0 && gctx.Err() == nil {
+			c.claimAhead(proc, g.batch)
 		}
-		if !more {
+		return g
+	}
+	cur := gather(ctx, false)
+	for len(cur.batch) > 0 {
+		var ahead chan gathered
+		gctx, stop := context.WithCancel(ctx)
+		if cur.more {
+			ahead = make(chan gathered, 1)
+			claim := !c.cfg.SerialClaims && !hasMarker(cur.batch)
+			go func() { ahead <- gather(gctx, claim) }()
+		}
+		ok := c.handle(proc, ch, cur.batch, dl, settles)
+		if !ok {
+			// Some delivery undecided: stop before anything later is acked;
+			// what the next batch took stays unacked and is redelivered.
+			stop()
+		}
+		if ahead == nil {
+			stop()
 			return
+		}
+		cur = <-ahead
+		stop()
+		if !ok {
+			return
+		}
+	}
+}
+
+// hasMarker reports whether batch holds a drain marker.
+func hasMarker(batch []inbound) bool {
+	for _, d := range batch {
+		if d.Type == ordermsg.MarkerType {
+			return true
+		}
+	}
+	return false
+}
+
+// claimAhead claims the valid orders of batch in Redis, one call per
+// activity, recording each state in its delivery. One try each: an activity
+// whose claim fails is claimed again, with retries, when its group is
+// written.
+func (c *Consumer) claimAhead(ctx context.Context, batch []inbound) {
+	type ref struct{ d, p int }
+	var order []int64
+	ids := map[int64][]string{}
+	refs := map[int64][]ref{}
+	for di, d := range batch {
+		for pi, p := range d.parts {
+			if p.Err != nil {
+				continue
+			}
+			a := p.Order.ActivityID
+			if _, ok := ids[a]; !ok {
+				order = append(order, a)
+			}
+			ids[a] = append(ids[a], p.Order.OrderID)
+			refs[a] = append(refs[a], ref{di, pi})
+		}
+	}
+	for _, a := range order {
+		cctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
+		states, err := c.res.Claim(cctx, a, ids[a])
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				c.m.Retries.WithLabelValues(workermetrics.CauseRedis).Inc()
+			}
+			continue
+		}
+		for i, r := range refs[a] {
+			d := &batch[r.d]
+			if d.claims == nil {
+				d.claims = make([]reservation.State, len(d.parts))
+				d.claimed = make([]bool, len(d.parts))
+			}
+			d.claims[r.p], d.claimed[r.p] = states[i], true
 		}
 	}
 }
@@ -322,6 +409,10 @@ type inbound struct {
 	amqp.Delivery
 	parts []ordermsg.Part
 	err   error // the message as a whole is invalid
+	// claims[i] is what Redis answered for parts[i] when claimed[i] (see
+	// claimAhead).
+	claims  []reservation.State
+	claimed []bool
 }
 
 // collect appends deliveries until they carry BatchSize orders (a message of
@@ -368,6 +459,7 @@ type group struct {
 	activityID int64
 	tags       []uint64 // of the delivery carrying each order
 	orders     []store.Order
+	claimed    bool // every order's Claim is Redis's answer already
 	outcomes   []store.Outcome
 	// rejected[i] is set when MySQL refused order i for good, even as a
 	// failed row: it is dead-lettered, and settled failed in Redis.
@@ -447,12 +539,18 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []inbound
 			o := p.Order
 			g := byID[o.ActivityID]
 			if g == nil || len(g.orders) >= c.cfg.BatchSize {
-				g = &group{activityID: o.ActivityID}
+				g = &group{activityID: o.ActivityID, claimed: true}
 				byID[o.ActivityID] = g
 				groups = append(groups, g)
 			}
+			so := store.Order{Order: o}
+			if d.claimed != nil && d.claimed[i] {
+				so.Claim = d.claims[i]
+			} else {
+				g.claimed = false
+			}
 			g.tags = append(g.tags, d.DeliveryTag)
-			g.orders = append(g.orders, store.Order{Order: o})
+			g.orders = append(g.orders, so)
 		}
 	}
 
@@ -611,7 +709,7 @@ func (c *Consumer) write(ctx context.Context, g *group) error {
 		ids[i] = o.OrderID
 	}
 	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
-	claimed := false
+	claimed := g.claimed
 	permanent := 0
 	for try := 1; ; try++ {
 		var err error
@@ -672,7 +770,7 @@ func (c *Consumer) isolate(ctx context.Context, g *group) (*group, []int, error)
 	g.rejected = map[int]error{}
 	var dead []int
 	for i, o := range g.orders {
-		one := &group{activityID: g.activityID, tags: g.tags[i : i+1], orders: []store.Order{o}}
+		one := &group{activityID: g.activityID, tags: g.tags[i : i+1], orders: []store.Order{o}, claimed: true}
 		err := c.write(ctx, one)
 		switch {
 		case err == nil:
