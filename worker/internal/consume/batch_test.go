@@ -380,3 +380,45 @@ func TestConsumeClaimsTheNextBatchWhileOneCommits(t *testing.T) {
 		})
 	}
 }
+
+// The dead-letter publish of one order of a multi-order message fails (the
+// dead-letter queue unbound: the mandatory publish is returned). The message
+// is not rejected whole — that would send its neighbours to the dead-letter
+// exchange — but left unacked: the channel starts over, the redelivery
+// dead-letters the poison alone and finds its neighbours in MySQL.
+func TestConsumeFailedDeadLetterOfOneOrderRedeliversTheMessage(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.sale(55, 100, 1)
+	probe := s.reserve(55, "probe", 1)
+	a, b := s.reserve(55, "a", 1), s.reserve(55, "b", 1)
+	cfg := testConfig(s.topo)
+	cfg.Consumers = 1
+	r := s.start(cfg, nil)
+	s.publishOrders(probe)
+	waitFor(t, "the session up", func() bool { return s.orderStatus(probe.OrderID) == "confirmed" })
+	servicetest.Must(t, s.pubCh.QueueUnbind(s.topo.DeadQueue, s.topo.DeadRoutingKey, s.topo.DeadExchange, nil), "unbind")
+	poison := `{"v":1,"order_id":"bad"}`
+	s.publish("msg", batchBody(t, a, poison, b))
+	waitFor(t, "the poison dead-lettered after the redelivery", func() bool {
+		return s.depth(s.topo.DeadQueue) == 1 && s.depth(s.topo.Queue) == 0 && s.countOrders() == 3
+	})
+	r.shutdown(t)
+	if got := value(r.m.Reconnects); got < 1 {
+		t.Errorf("%v reconnects: the channel did not start over", got)
+	}
+	if got := value(r.m.Deliveries); got != 3 {
+		t.Errorf("%v deliveries, want 3 (the probe, the message, its redelivery)", got)
+	}
+	if got := value(r.m.Orders.WithLabelValues(workermetrics.OutcomeRedelivered)); got != 2 {
+		t.Errorf("%v redeliveries recognised, want the 2 neighbours", got)
+	}
+	if got := value(r.m.DeadLettered.WithLabelValues(workermetrics.DeadRejected)); got != 0 {
+		t.Errorf("%v messages rejected to the dead-letter exchange, want 0", got)
+	}
+	dead := s.deadLetters(1)
+	if d := dead["msg#1"]; d[0] != poison {
+		t.Errorf("dead letters %v, want the poison alone as msg#1", dead)
+	}
+	s.checkSettled(55, []ordermsg.Order{probe, a, b})
+}
