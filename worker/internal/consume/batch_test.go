@@ -329,7 +329,9 @@ func TestConsumeClaimsTheNextBatchWhileOneCommits(t *testing.T) {
 			s.publishBatch("second", orders[10:20]...)
 			s.publishBatch("third", orders[20:]...)
 			cfg := testConfig(s.topo)
-			cfg.Consumers, cfg.BatchSize = 1, 10
+			// Each message fills a batch; the long wait keeps the marker
+			// with the first one.
+			cfg.Consumers, cfg.BatchSize, cfg.BatchWait = 1, 10, time.Second
 			g := &gate{entered: make(chan []store.Order, 1), release: make(chan struct{})}
 			r := s.start(cfg, func(m *workermetrics.Metrics) consume.Writer {
 				g.w = store.New(s.db, m, 10*time.Second)
