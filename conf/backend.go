@@ -43,6 +43,10 @@ type Backend struct {
 	// MaxOrderWaiters bounds the long-polls waiting at once; beyond it a
 	// request is answered at once.
 	MaxOrderWaiters int `toml:"max_order_waiters"`
+
+	// StockShards is the stock shard count of an activity created without
+	// "stock_shards" in its admin body (docs/scale-out.md).
+	StockShards int `toml:"stock_shards"`
 }
 
 func defaultBackend() Backend {
@@ -64,6 +68,7 @@ func defaultBackend() Backend {
 		StateCacheTTL:   D(100 * time.Millisecond),
 		OrderWaitMax:    D(4 * time.Second),
 		MaxOrderWaiters: 20_000,
+		StockShards:     1,
 	}
 }
 
@@ -89,6 +94,7 @@ func (b *Backend) validate(p *problems) {
 		p.add("backend.order_wait_max", "must be between 0s (no long-polls) and 5m, got %q", b.OrderWaitMax.String())
 	}
 	checkRange(p, "backend.max_order_waiters", b.MaxOrderWaiters, 1, 10_000_000)
+	checkRange(p, "backend.stock_shards", b.StockShards, 1, 64)
 	if b.PublishTimeout.Duration >= b.ReservationTTL.Duration {
 		p.add("backend.publish_timeout", "must be shorter than backend.reservation_ttl")
 	}

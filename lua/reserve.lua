@@ -18,7 +18,8 @@
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
 -- TTL in ms, ARGV[6] the sale's bucket count the caller named KEYS[4] and
--- KEYS[5] for (0: unbucketed)
+-- KEYS[5] for (0: unbucketed), ARGV[7] the sale's stock shards the caller
+-- chose this shard (and the order id) for (absent: 1)
 --
 -- Idempotent on the request: the caller picks the order id first, so a
 -- repeat of the same call (a lost reply, a client-side retry) finds its own
@@ -40,6 +41,9 @@
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
 --   {"buckets", n}                           the sale has n buckets, not ARGV[6]: nothing
 --                                            read or written; call again with KEYS for n
+--   {"shards", k}                            the sale has k stock shards, not ARGV[7]:
+--                                            nothing read or written; the user's home
+--                                            shard (and its order id) is chosen anew
 --   {"unsure", token}                        while recovering, a request that would reserve:
 --                                            its key may belong to an order still in the
 --                                            queue, and the units of those orders are not
@@ -54,9 +58,12 @@
 -- All keys share the {act:ID} hash tag; TIME is the only clock; nothing is
 -- written before every check has passed.
 
-local meta = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'limit', 'start', 'end', 'buckets')
+local meta = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'limit', 'start', 'end', 'buckets', 'shards')
 if not meta[1] then
   return {'not_found'}
+end
+if (tonumber(meta[8]) or 1) ~= (tonumber(ARGV[7]) or 1) then
+  return {'shards', tonumber(meta[8]) or 1}
 end
 local user, key, oid = ARGV[1], ARGV[2], ARGV[4]
 local nb = tonumber(meta[7])

@@ -7,10 +7,12 @@
 -- respect to reserve.lua.
 --
 -- KEYS[1] meta, KEYS[2] deadlines, KEYS[3] recovering (see reserve.lua;
--- records and user entries are in the sale's buckets, record.lua)
--- ARGV[1] total stock (MySQL), ARGV[2] units sold (MySQL), ARGV[3] pub/sub
+-- records and user entries are in the sale's buckets, record.lua): all of
+-- one stock shard's
+-- ARGV[1] total stock (MySQL; "-" keeps the total: a stock shard's, which
+-- only moves, see reservation.Store.Sync), ARGV[2] units sold (MySQL), ARGV[3] pub/sub
 -- channel, ARGV[4] activity id, ARGV[5] a recovery token: sync only while
--- the sale recovers under it, and end that recovery in the same step (""
+-- the shard recovers under it, and end that recovery in the same step (""
 -- for the reconciler: any state), ARGV[6..] user id, units pairs (MySQL's
 -- per-user confirmed totals)
 --
@@ -30,7 +32,7 @@ if ARGV[5] ~= '' then
   end
   redis.call('DEL', KEYS[3])
 end
-local total, sold = tonumber(ARGV[1]), tonumber(ARGV[2])
+local total, sold = tonumber(ARGV[1]) or tonumber(cur[1]), tonumber(ARGV[2])
 local held = {}
 for i = 6, #ARGV, 2 do
   held[ARGV[i]] = (held[ARGV[i]] or 0) + tonumber(ARGV[i + 1])

@@ -50,6 +50,9 @@ type Config struct {
 	StateTTL        time.Duration // sale state answered from the local cache
 	OrderWaitMax    time.Duration // longest order long-poll
 	MaxOrderWaiters int           // order long-polls waiting at once
+	// StockShards is the stock shard count of an activity created without
+	// one ([backend] stock_shards).
+	StockShards int
 	// RecoveryMax bounds the recovery of a sale rebuilt after a Redis loss
 	// (reservation_ttl + [worker] queued_expire_after: past it the sweeper
 	// takes any order queued before the loss as gone). The drain marker
@@ -256,12 +259,20 @@ func (s *Service) archived(ctx context.Context, r PurchaseRequest) (PurchaseResu
 // order id collision (128 random bits: practically never) is retried once.
 func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.Result, error) {
 	for attempt := 0; ; attempt++ {
-		req := reservation.Request{
-			ActivityID: r.ActivityID, UserID: r.UserID, IdempotencyKey: r.IdempotencyKey,
-			Quantity: r.Quantity, OrderID: ordermsg.NewOrderID(r.ActivityID), TTL: s.cfg.ReservationTTL,
-		}
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 		start := time.Now()
+		// The user's home shard, and an order id that names it.
+		home, err := s.store.Home(rctx, r.ActivityID, r.UserID)
+		if err != nil {
+			cancel()
+			s.m.reserved("error", time.Since(start))
+			return reservation.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		req := reservation.Request{
+			ActivityID: r.ActivityID, UserID: r.UserID, IdempotencyKey: r.IdempotencyKey,
+			Quantity: r.Quantity, OrderID: ordermsg.NewShardOrderID(r.ActivityID, home.Shard, home.Shards), TTL: s.cfg.ReservationTTL,
+			Keys: home,
+		}
 		res, err := s.store.Reserve(rctx, req)
 		cancel()
 		if err != nil && !timedOut(err) && ctx.Err() == nil {
@@ -272,6 +283,9 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 			rctx, cancel = context.WithTimeout(ctx, s.cfg.RedisTimeout)
 			res, err = s.store.Reserve(rctx, req)
 			cancel()
+		}
+		if errors.Is(err, reservation.ErrShards) && attempt == 0 {
+			continue // nothing reserved: choose the home shard anew
 		}
 		if err != nil {
 			s.m.reserved("error", time.Since(start))
