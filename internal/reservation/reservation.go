@@ -279,25 +279,35 @@ type Result struct {
 // ErrScript reports a script answer that does not fit its documented shape.
 var ErrScript = errors.New("unexpected script reply")
 
+// ShardKeys are the keys of the sale shard request r reserves in: the group
+// commit of the backend gathers the requests of one shard (equal Keys) into
+// one ReserveMulti. Today a sale is one shard.
+func (s *Store) ShardKeys(r Request) Keys { return s.Keys(r.ActivityID) }
+
+// bucketCount returns the cached bucket count of a sale, reading it on first
+// use in this process rather than guess, so that the reserve sent is the one
+// that runs (a late copy of a guessed one would only be answered "buckets").
+func (s *Store) bucketCount(ctx context.Context, activityID int64) (int64, error) {
+	if c, ok := s.buckets.Load(activityID); ok {
+		return c.(int64), nil
+	}
+	n, err := s.Buckets(ctx, activityID)
+	if err != nil {
+		return 0, err
+	}
+	s.buckets.Store(activityID, n)
+	return n, nil
+}
+
 // Reserve checks and reserves in one round trip.
 func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
-	k := s.Keys(r.ActivityID)
-	var n int64
-	if c, ok := s.buckets.Load(r.ActivityID); ok {
-		n = c.(int64)
-	} else {
-		// First use in this process: read the count rather than guess, so
-		// that the reserve sent is the one that runs (a late copy of a
-		// guessed one would only be answered "buckets").
-		var err error
-		if n, err = s.Buckets(ctx, r.ActivityID); err != nil {
-			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
-		}
-		s.buckets.Store(r.ActivityID, n)
+	k := s.ShardKeys(r)
+	n, err := s.bucketCount(ctx, r.ActivityID)
+	if err != nil {
+		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
 	}
 	var v []any
 	for try := 0; ; try++ {
-		var err error
 		v, err = lua.Reserve.Run(ctx, s.rdb, k.ReserveKeys(n, r.UserID, r.OrderID),
 			r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds(), n).Slice()
 		if err != nil {
@@ -314,6 +324,72 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 		n = num(at(v, 1))
 		s.buckets.Store(r.ActivityID, n)
 	}
+	return reserveResult(r, v)
+}
+
+// ReserveMulti is Reserve for a group of requests of one shard (equal
+// ShardKeys, one TTL) in one round trip (lua/reserve_multi.lua): every
+// request is checked on its own, in order, each seeing what the ones before
+// it reserved, and gets its own Result, or its own error where the script's
+// reply to it does not fit. err is for the whole call (nothing known of any
+// request: each may or may not have been reserved).
+func (s *Store) ReserveMulti(ctx context.Context, rs []Request) ([]Result, []error, error) {
+	if len(rs) == 0 {
+		return nil, nil, nil
+	}
+	k := s.ShardKeys(rs[0])
+	for _, r := range rs[1:] {
+		if s.ShardKeys(r) != k || r.TTL != rs[0].TTL {
+			return nil, nil, fmt.Errorf("reserve %d requests: of more than one shard or TTL (%s, %s)", len(rs), k.Meta, s.ShardKeys(r).Meta)
+		}
+	}
+	id := rs[0].ActivityID
+	n, err := s.bucketCount(ctx, id)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w", len(rs), id, err)
+	}
+	var v []any
+	for try := 0; ; try++ {
+		keys := make([]string, 0, 3+2*len(rs))
+		keys = append(keys, k.Meta, k.Deadlines, k.Recovering)
+		args := make([]any, 0, 2+4*len(rs))
+		args = append(args, rs[0].TTL.Milliseconds(), n)
+		for _, r := range rs {
+			keys = append(keys, k.Order(n, r.OrderID), k.User(n, r.UserID))
+			args = append(args, r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID)
+		}
+		v, err = lua.ReserveMulti.Run(ctx, s.rdb, keys, args...).Slice()
+		if err != nil {
+			return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w", len(rs), id, err)
+		}
+		if len(v) != len(rs) {
+			return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w: %d replies", len(rs), id, ErrScript, len(v))
+		}
+		// A stale count is answered to every request alike (nothing done):
+		// once more with the sale's count.
+		first, _ := v[0].([]any)
+		if str(at(first, 0)) != "buckets" || try > 0 {
+			break
+		}
+		n = num(at(first, 1))
+		s.buckets.Store(id, n)
+	}
+	out := make([]Result, len(rs))
+	errs := make([]error, len(rs))
+	for i, x := range v {
+		rv, _ := x.([]any)
+		if len(rv) == 0 {
+			errs[i] = fmt.Errorf("reserve activity %d: %w: %v", id, ErrScript, x)
+			continue
+		}
+		out[i], errs[i] = reserveResult(rs[i], rv)
+	}
+	return out, errs, nil
+}
+
+// reserveResult decodes reserve.lua's reply v to r (reserve_multi.lua's to
+// one of its requests).
+func reserveResult(r Request, v []any) (Result, error) {
 	res := Result{Outcome: Outcome(str(v[0]))}
 	switch res.Outcome {
 	case Reserved:
