@@ -14,14 +14,14 @@ var (
 	// ReserveMulti runs reserve_one for each request of a group (the
 	// backend's group commit), one reply each.
 	ReserveMulti = load("reserve_multi.lua", record, reserving)
-	Release = load("release.lua", record)
-	Queued  = load("queued.lua", record)
-	Claim   = load("claim.lua", record)
-	Settle  = load("settle.lua", record)
-	Warm    = load("warm.lua", record)
-	Archive = load("archive.lua", record)
-	Restore = load("restore.lua", record)
-	Order   = load("order.lua", record)
+	Release      = load("release.lua", record)
+	Queued       = load("queued.lua", record)
+	Claim        = load("claim.lua", record)
+	Settle       = load("settle.lua", record)
+	Warm         = load("warm.lua", record)
+	Archive      = load("archive.lua", record)
+	Restore      = load("restore.lua", record)
+	Order        = load("order.lua", record)
 	// Recovered ends a sale's recovery after a Redis loss (its drain marker).
 	Recovered = load("recovered.lua")
 )
