@@ -104,6 +104,16 @@ func (c *Coalescer[K, T]) Do(key K, item T) {
 	}
 }
 
+// Queued reports how many calls of key wait for a group now.
+func (c *Coalescer[K, T]) Queued(key K) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.lanes[key]; l != nil {
+		return len(l.queue)
+	}
+	return 0
+}
+
 // arm starts l's linger timer to fire in d. Caller holds mu.
 func (c *Coalescer[K, T]) arm(key K, l *lane[T], d time.Duration) {
 	if l.timer == nil {
