@@ -544,9 +544,10 @@ func (p *Publisher) Publish(ctx context.Context, o ordermsg.Order) error {
 // PublishBatch sends orders (of one activity) as one message, an
 // ordermsg.Batch, and returns nil only once the broker acked it without
 // returning it: every order it carries is then queued; any error is the
-// error of each of them (as Publish's for one order). Its MessageId is its
-// first order's id, so a Publish of that order while the batch waits for its
-// confirm answers ErrDuplicate (the order is in flight).
+// error of each of them (as Publish's for one order). Its MessageId is
+// BatchMessageID: not an order's id, so that a keyed replay publishing one
+// of its orders alone meanwhile (a harmless copy) does not fail the batch
+// with ErrDuplicate.
 func (p *Publisher) PublishBatch(ctx context.Context, orders []ordermsg.Order) error {
 	if len(orders) == 0 {
 		return nil
@@ -556,13 +557,17 @@ func (p *Publisher) PublishBatch(ctx context.Context, orders []ordermsg.Order) e
 		return fmt.Errorf("publish a batch of %d orders: encode: %w", len(orders), err)
 	}
 	start := time.Now()
-	err = p.publish(ctx, orders[0].OrderID, "", body)
+	err = p.publish(ctx, BatchMessageID(orders), "", body)
 	p.metrics.outcome(err, time.Since(start))
 	if err != nil {
 		return fmt.Errorf("publish a batch of %d orders (%s...): %w", len(orders), orders[0].OrderID, err)
 	}
 	return nil
 }
+
+// BatchMessageID is the MessageId of the batch message carrying orders:
+// "batch-" and its first order's id.
+func BatchMessageID(orders []ordermsg.Order) string { return "batch-" + orders[0].OrderID }
 
 // PublishMarker sends a drain marker (type ordermsg.MarkerType) to the order
 // queue like an order, and returns nil once the broker confirmed it.
