@@ -221,21 +221,22 @@ func equal(a, b []string) bool {
 	return true
 }
 
-// A group message the broker refuses (a nack, a return — unroutable, for
-// real — or a connection lost before its confirm, after which it may still
-// arrive) fails each of its purchases with 503, and exactly its orders are
+// A group message the broker refuses (a nack — a queue bound beside the
+// order queue rejects it —, a return — unroutable —, both for real, or a
+// connection lost before its confirm, after which it may still arrive) fails each of its purchases with 503, and exactly its orders are
 // given back: their units, their keys (a retry buys anew), and after the
 // lost connection a failed row in MySQL each, so that no copy can confirm.
 // The group before it, confirmed, is untouched.
 func TestGroupPublishFailureReleasesExactlyItsOrders(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name string
-		err  error // injected; nil: a real return
+		name  string
+		err   error // injected
+		fault func(t *testing.T, r *rig) (heal func())
 	}{
-		{"nack", broker.ErrNacked},
-		{"return", nil},
-		{"connection lost", broker.ErrConnectionLost},
+		{name: "nack", fault: rejectBeside},
+		{name: "return", fault: unbind},
+		{name: "connection lost", err: broker.ErrConnectionLost},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -250,15 +251,14 @@ func TestGroupPublishFailureReleasesExactlyItsOrders(t *testing.T) {
 				}
 				kept = append(kept, a.res.OrderID)
 			}
+			heal := func() {}
 			if tc.err != nil {
 				b.hook(r, func([]ordermsg.Order) error { return tc.err })
 			} else {
-				unbind(t, r, true)
+				heal = tc.fault(t, r)
 			}
 			second := r.burst(t, "pilot-b", []sale.PurchaseRequest{req("b1", "k"), req("b2", "k"), req("b3", ""), req("b4", "k")})
-			if tc.err == nil {
-				unbind(t, r, false)
-			}
+			heal()
 			for _, a := range second {
 				mustUnavailable(t, a.res, a.err)
 			}
@@ -302,19 +302,38 @@ func TestGroupPublishFailureReleasesExactlyItsOrders(t *testing.T) {
 	}
 }
 
-// unbind takes the rig's queue off its exchange (on) or puts it back: a
-// mandatory publish meanwhile is returned unroutable by the broker.
-func unbind(t *testing.T, r *rig, on bool) {
+// sideChannel is a channel of a connection of the test's own, closed at
+// its end.
+func sideChannel(t *testing.T) *amqp.Channel {
 	t.Helper()
 	conn, err := amqp.Dial(servicetest.AMQPURL())
 	servicetest.Must(t, err, "dial")
-	defer conn.Close()
+	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	servicetest.Must(t, err, "channel")
-	if on {
-		servicetest.Must(t, ch.QueueUnbind(r.topo.Queue, r.topo.RoutingKey, r.topo.Exchange, nil), "unbind")
-	} else {
+	return ch
+}
+
+// unbind takes the rig's queue off its exchange until heal: a mandatory
+// publish meanwhile is returned unroutable by the broker.
+func unbind(t *testing.T, r *rig) func() {
+	ch := sideChannel(t)
+	servicetest.Must(t, ch.QueueUnbind(r.topo.Queue, r.topo.RoutingKey, r.topo.Exchange, nil), "unbind")
+	return func() {
 		servicetest.Must(t, ch.QueueBind(r.topo.Queue, r.topo.RoutingKey, r.topo.Exchange, false, nil), "bind")
+	}
+}
+
+// rejectBeside binds a queue that rejects every message beside the rig's
+// order queue until heal: the broker nacks a publish, which it could not
+// enqueue everywhere. The queue is exclusive: it goes with its connection.
+func rejectBeside(t *testing.T, r *rig) func() {
+	ch := sideChannel(t)
+	q, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{"x-max-length": 0, "x-overflow": "reject-publish"})
+	servicetest.Must(t, err, "declare a rejecting queue")
+	servicetest.Must(t, ch.QueueBind(q.Name, r.topo.RoutingKey, r.topo.Exchange, false, nil), "bind the rejecting queue")
+	return func() {
+		servicetest.Must(t, ch.QueueUnbind(q.Name, r.topo.RoutingKey, r.topo.Exchange, nil), "unbind the rejecting queue")
 	}
 }
 
