@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
@@ -216,5 +218,32 @@ func BenchmarkReserveGroup(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestMarkQueuedMany marks the open orders of one message in one round
+// trip, each as MarkQueued would: a pending order marked, a settled or
+// missing one not; also after a SCRIPT FLUSH on a node of the test's own.
+func TestMarkQueuedMany(t *testing.T) {
+	t.Parallel()
+	own := servicetest.PrivateRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: own.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	st := reservation.New(rdb, "mq:")
+	warm(t, st, rdb, 331, open)
+	a, b := reserve(t, st, 331, "a", "", 1), reserve(t, st, 331, "b", "", 1)
+	_, err := st.Release(context.Background(), 331, b.OrderID, "test")
+	servicetest.Must(t, err, "release")
+	servicetest.Must(t, rdb.ScriptFlush(context.Background()).Err(), "script flush")
+	ids := []string{a.OrderID, b.OrderID, ordermsg.NewOrderID(331)}
+	marked, errs := st.MarkQueuedMany(context.Background(), 331, ids)
+	for i, err := range errs {
+		servicetest.Must(t, err, "mark %d", i)
+	}
+	if !marked[0] || marked[1] || marked[2] {
+		t.Errorf("marked %v, want [true false false]", marked)
+	}
+	if rec, _, _ := st.Order(context.Background(), 331, a.OrderID); !rec.Queued {
+		t.Errorf("record %+v not queued", rec)
 	}
 }

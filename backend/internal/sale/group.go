@@ -2,6 +2,7 @@ package sale
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/seckill/seckill/internal/ordermsg"
@@ -36,6 +37,9 @@ type groupMessage struct {
 	orders []ordermsg.Order
 	once   sync.Once
 	err    error
+	// Once confirmed, the queued mark of each order (in one round trip).
+	marked   []bool
+	markErrs []error
 }
 
 // reserveIn reserves req through the group of its shard and returns its
@@ -91,15 +95,36 @@ func (s *Service) runGroup(_ reservation.Keys, g []*groupCall) {
 }
 
 // send publishes the group's message once, bounded by PublishTimeout, and
-// returns its outcome to every purchase it carries.
+// returns its outcome to every purchase it carries; once confirmed, every
+// order is marked queued in one round trip (mark has each one's outcome).
 func (m *groupMessage) send(ctx context.Context, s *Service) error {
 	m.once.Do(func() {
 		if s.beforeGroupPublish != nil {
 			s.beforeGroupPublish(m.orders)
 		}
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.PublishTimeout)
-		defer cancel()
 		m.err = s.pub.PublishBatch(pctx, m.orders)
+		cancel()
+		if m.err != nil {
+			return
+		}
+		ids := make([]string, len(m.orders))
+		for i, o := range m.orders {
+			ids[i] = o.OrderID
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+		defer cancel()
+		m.marked, m.markErrs = s.store.MarkQueuedMany(rctx, m.orders[0].ActivityID, ids)
 	})
 	return m.err
+}
+
+// mark is the queued mark of order id of a confirmed message (send).
+func (m *groupMessage) mark(id string) (bool, error) {
+	for i, o := range m.orders {
+		if o.OrderID == id {
+			return m.marked[i], m.markErrs[i]
+		}
+	}
+	return false, fmt.Errorf("order %s is not in its group's message", id)
 }

@@ -451,6 +451,10 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Ord
 		} else {
 			s.m.purchased("accepted")
 		}
+		if msg != nil {
+			marked, err := msg.mark(o.OrderID)
+			return accepted(s.afterMark(ctx, r, o, marked, err))
+		}
 		return accepted(s.markQueued(ctx, r, o))
 	}
 	if replay && errors.Is(perr, broker.ErrDuplicate) {
@@ -504,6 +508,14 @@ func (s *Service) markQueued(ctx context.Context, r PurchaseRequest, o ordermsg.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
 	defer cancel()
 	marked, err := s.store.MarkQueued(rctx, r.ActivityID, o.OrderID)
+	return s.afterMark(ctx, r, o, marked, err)
+}
+
+// afterMark is markQueued once the mark was tried (for a group's message,
+// all its orders in one round trip: groupMessage.mark).
+func (s *Service) afterMark(ctx context.Context, r PurchaseRequest, o ordermsg.Order, marked bool, err error) string {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+	defer cancel()
 	if err != nil {
 		s.m.purchased("queued_mark_failed")
 		s.markLater(r.ActivityID, o.OrderID, time.UnixMilli(o.Deadline))
