@@ -154,7 +154,18 @@ func TestGroupMaxIsTheBatchBound(t *testing.T) {
 // one message, answered once the broker confirmed it, marked queued.
 func TestGroupAnswersEachItsOwnOutcome(t *testing.T) {
 	t.Parallel()
-	r := groupRig(t)
+	for _, batch := range []bool{true, false} {
+		t.Run(map[bool]string{true: "one message", false: "a message each"}[batch], func(t *testing.T) {
+			t.Parallel()
+			groupAnswersEach(t, batch)
+		})
+	}
+}
+
+func groupAnswersEach(t *testing.T, batch bool) {
+	r := newRigWith(t, func(c *sale.Config) {
+		c.GroupMax, c.GroupLinger, c.GroupBatch = 64, 5*time.Second, batch
+	})
 	for _, q := range []sale.PurchaseRequest{req("full", ""), req("full", ""), req("keyed", "rk")} {
 		if res, err := r.svc.Purchase(context.Background(), q); err != nil || res.Outcome != sale.Accepted {
 			t.Fatalf("before the group: %+v %v", res, err)
@@ -197,12 +208,26 @@ func TestGroupAnswersEachItsOwnOutcome(t *testing.T) {
 	if len(accepted) != 7 || soldOut != 1 {
 		t.Fatalf("%d accepted, %d sold out of 8 buyers for 7 units", len(accepted), soldOut)
 	}
-	sent := b.all()
-	if len(sent) != 1 || !equal(ids(sent[0]), accepted) {
-		t.Fatalf("group messages %v, want one carrying %v", sent, accepted)
-	}
-	if q := r.bodies(t); len(q) != 1 || !equal(q[0], accepted) {
-		t.Errorf("queue holds %v, want one message of %v", q, accepted)
+	sent, q := b.all(), r.bodies(t)
+	if !batch {
+		var got []string
+		for _, m := range q {
+			got = append(got, m...)
+			if len(m) != 1 {
+				t.Errorf("a message of %v, want one order each", m)
+			}
+		}
+		sort.Strings(got)
+		if len(sent) != 0 || !equal(got, accepted) {
+			t.Errorf("group messages %v, queue %v: want a message for each of %v", sent, q, accepted)
+		}
+	} else {
+		if len(sent) != 1 || !equal(ids(sent[0]), accepted) {
+			t.Fatalf("group messages %v, want one carrying %v", sent, accepted)
+		}
+		if len(q) != 1 || !equal(q[0], accepted) {
+			t.Errorf("queue holds %v, want one message of %v", q, accepted)
+		}
 	}
 	if s := r.sale(t); s.Pending != 10 {
 		t.Errorf("pending %d, want 10", s.Pending)
