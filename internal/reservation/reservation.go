@@ -279,10 +279,10 @@ type Result struct {
 // ErrScript reports a script answer that does not fit its documented shape.
 var ErrScript = errors.New("unexpected script reply")
 
-// ShardKeys are the keys of the sale shard request r reserves in: the group
-// commit of the backend gathers the requests of one shard (equal Keys) into
-// one ReserveMulti. Today a sale is one shard.
-func (s *Store) ShardKeys(r Request) Keys { return s.Keys(r.ActivityID) }
+// RequestKeys are the keys of the sale shard request r reserves in: the
+// backend's group commit gathers the requests of one shard (equal
+// RequestKeys) into one ReserveMulti. Today a sale is one shard.
+func (s *Store) RequestKeys(r Request) Keys { return s.Keys(r.ActivityID) }
 
 // bucketCount returns the cached bucket count of a sale, reading it on first
 // use in this process rather than guess, so that the reserve sent is the one
@@ -301,7 +301,7 @@ func (s *Store) bucketCount(ctx context.Context, activityID int64) (int64, error
 
 // Reserve checks and reserves in one round trip.
 func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
-	k := s.ShardKeys(r)
+	k := s.RequestKeys(r)
 	n, err := s.bucketCount(ctx, r.ActivityID)
 	if err != nil {
 		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
@@ -328,7 +328,7 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 }
 
 // ReserveMulti is Reserve for a group of requests of one shard (equal
-// ShardKeys, one TTL) in one round trip (lua/reserve_multi.lua): every
+// RequestKeys, one TTL) in one round trip (lua/reserve_multi.lua): every
 // request is checked on its own, in order, each seeing what the ones before
 // it reserved, and gets its own Result, or its own error where the script's
 // reply to it does not fit. err is for the whole call (nothing known of any
@@ -337,10 +337,10 @@ func (s *Store) ReserveMulti(ctx context.Context, rs []Request) ([]Result, []err
 	if len(rs) == 0 {
 		return nil, nil, nil
 	}
-	k := s.ShardKeys(rs[0])
+	k := s.RequestKeys(rs[0])
 	for _, r := range rs[1:] {
-		if s.ShardKeys(r) != k || r.TTL != rs[0].TTL {
-			return nil, nil, fmt.Errorf("reserve %d requests: of more than one shard or TTL (%s, %s)", len(rs), k.Meta, s.ShardKeys(r).Meta)
+		if s.RequestKeys(r) != k || r.TTL != rs[0].TTL {
+			return nil, nil, fmt.Errorf("reserve %d requests: of more than one shard or TTL (%s, %s)", len(rs), k.Meta, s.RequestKeys(r).Meta)
 		}
 	}
 	id := rs[0].ActivityID

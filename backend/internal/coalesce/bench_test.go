@@ -66,7 +66,7 @@ func BenchmarkReserveCoalesced(b *testing.B) {
 					if mode == "direct" {
 						x.res, x.err = st.Reserve(context.Background(), x.req)
 					} else {
-						c.Do(st.ShardKeys(x.req), x)
+						c.Do(st.RequestKeys(x.req), x)
 					}
 					if x.err != nil || x.res.Outcome != reservation.Reserved {
 						b.Errorf("%+v %v", x.res, x.err)

@@ -16,5 +16,5 @@ func SetBeforeGroupPublish(s *Service, f func(orders []ordermsg.Order)) { s.befo
 
 // GroupQueued reports how many purchases of activity id wait for a group.
 func GroupQueued(s *Service, id int64) int {
-	return s.groups.Queued(s.store.ShardKeys(reservation.Request{ActivityID: id}))
+	return s.groups.Queued(s.store.RequestKeys(reservation.Request{ActivityID: id}))
 }
