@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,9 +178,11 @@ func TestReserveMultiFirstUseReadsBuckets(t *testing.T) {
 	}
 }
 
-// BenchmarkReserveGroup reserves b.N requests of one sale, each a fresh user:
-// "one" by Reserve one request a call (the baseline), "multi-N" by
-// ReserveMulti in groups of N. ns/op and allocs/op are per request.
+// BenchmarkReserveGroup reserves b.N requests of one sale, each a fresh user,
+// on a redis-server of its own: "one" by Reserve one request a call (the
+// baseline), "multi-N" by ReserveMulti in groups of N. ns/op and allocs/op
+// are per request; redis-cpu-us/op is the server's CPU per request (INFO
+// cpu), which other processes on the box do not move.
 func BenchmarkReserveGroup(b *testing.B) {
 	for _, size := range []int{1, 8, 64} {
 		name := "one"
@@ -187,8 +190,10 @@ func BenchmarkReserveGroup(b *testing.B) {
 			name = "multi-" + strconv.Itoa(size)
 		}
 		b.Run(name, func(b *testing.B) {
-			rdb, prefix := servicetest.Redis(b)
-			st := reservation.New(rdb, prefix)
+			own := servicetest.PrivateRedis(b)
+			rdb := redis.NewClient(&redis.Options{Addr: own.Addr})
+			b.Cleanup(func() { _ = rdb.Close() })
+			st := reservation.New(rdb, "bench:")
 			const id = 1
 			warm(b, st, rdb, id, sale{total: 1 << 40, limit: 1, start: -time.Hour, end: time.Hour})
 			rs := make([]reservation.Request, b.N)
@@ -197,6 +202,7 @@ func BenchmarkReserveGroup(b *testing.B) {
 					OrderID: ordermsg.NewOrderID(id), TTL: ttl}
 			}
 			ctx := context.Background()
+			cpu0 := redisCPU(b, rdb)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i += size {
@@ -217,8 +223,27 @@ func BenchmarkReserveGroup(b *testing.B) {
 					}
 				}
 			}
+			b.StopTimer()
+			b.ReportMetric((redisCPU(b, rdb)-cpu0)*1e6/float64(b.N), "redis-cpu-us/op")
 		})
 	}
+}
+
+// redisCPU is the CPU time (user + sys, seconds) the server has used.
+func redisCPU(b *testing.B, rdb *redis.Client) float64 {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	servicetest.Must(b, err, "info cpu")
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_user" || k == "used_cpu_sys" {
+			x, err := strconv.ParseFloat(v, 64)
+			servicetest.Must(b, err, "%s", line)
+			total += x
+		}
+	}
+	return total
 }
 
 // TestMarkQueuedMany marks the open orders of one message in one round
