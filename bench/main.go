@@ -30,6 +30,7 @@ import (
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/cli"
+	"github.com/seckill/seckill/internal/redisnodes"
 	"github.com/seckill/seckill/internal/verify"
 )
 
@@ -122,6 +123,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := load.CreateSale(ctx, b.AdminURL, o.adminToken, sale); err != nil {
 		return err
 	}
+	// Each master's command counts around the load (the report's per-node
+	// calls); unreadable ones only leave that part out.
+	var problems []string
+	callsBefore, cerr := redisnodes.CommandCalls(ctx, rdb)
 	prog := newProgress(stderr, o.quiet, rec, tl)
 	prog.start(ctx)
 	err = runner.Run(ctx, tl)
@@ -129,8 +134,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
-
-	var problems []string
+	var redisCalls []report.NodeCalls
+	if cerr == nil {
+		var callsAfter map[string]redisnodes.Calls
+		if callsAfter, cerr = redisnodes.CommandCalls(ctx, rdb); cerr == nil {
+			redisCalls = report.RedisCallsOver(callsBefore, callsAfter)
+		}
+	}
+	if cerr != nil {
+		problems = append(problems, "redis calls per node: "+cerr.Error())
+	}
 	if o.beforeDrain != "" {
 		cmd := exec.CommandContext(ctx, "sh", "-c", o.beforeDrain)
 		cmd.Stdout, cmd.Stderr = stderr, stderr
@@ -177,12 +190,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rr := report.Run{StartedAt: start, Targets: b.Targets, AdminURL: b.AdminURL, ActivityID: b.ActivityID,
 		Stock: b.Stock, PerUserLimit: b.PerUserLimit, Users: b.Users, Model: model, Rate: b.Rate,
 		Warmup: lc.Warmup.Seconds(), Rush: lc.Rush.Seconds(), Tail: lc.Tail.Seconds(),
-		SourceIPs: b.SourceIPs, HotShare: b.HotShare, ForwardedFor: b.ForwardedFor, Retries: b.Retries}
+		SourceIPs: b.SourceIPs, HotShare: b.HotShare, ForwardedFor: b.ForwardedFor, Retries: b.Retries,
+		Redis: string(cfg.Redis.Target().Kind)}
 	if model == "closed" {
 		rr.Connections = b.Connections
 	}
 	rep := report.Build(rr, snap, tl, dres, api, v)
 	rep.Problems = problems
+	rep.RedisCalls = redisCalls
 	rep.Reads = &reads
 	if o.jsonPath != "" {
 		if err := report.WriteFile(o.jsonPath, rep.WriteJSON); err != nil {

@@ -177,7 +177,7 @@ stack_launch() {
 		rc=0
 		stack_ready "$name" "http://127.0.0.1:$rport$ready" || rc=$?
 		if [[ $rc == 0 ]]; then
-			LAUNCH_PORT=$port
+			LAUNCH_PORT=$port LAUNCH_APORT=$aport
 			return 0
 		fi
 	done
@@ -185,7 +185,8 @@ stack_launch() {
 }
 
 # stack_up CONFIG WORKERS PROXIES — start WORKERS workers, one backend and
-# PROXIES proxies; sets BACKEND_URL, PROXY_URLS (comma-separated) and
+# PROXIES proxies; sets BACKEND_URL, PROXY_URLS (comma-separated),
+# PROXY_ADMIN_URLS (the proxies' admin listeners, space-separated) and
 # WORKER_PIDS.
 stack_up() {
 	local cfg=$1 nworkers=$2 nproxies=$3 i
@@ -196,11 +197,12 @@ stack_up() {
 	done
 	stack_launch backend /readyz "SECKILL_BACKEND_LISTEN=127.0.0.1:PORT" -- "$STACK_BIN/backend" -config "$cfg"
 	BACKEND_URL="http://127.0.0.1:$LAUNCH_PORT"
-	PROXY_URLS=""
+	PROXY_URLS="" PROXY_ADMIN_URLS=""
 	for ((i = 1; i <= nproxies; i++)); do
 		stack_launch "proxy$i" /readyz "SECKILL_PROXY_LISTEN=127.0.0.1:PORT" "SECKILL_PROXY_ADMIN_LISTEN=127.0.0.1:APORT" \
 			"SECKILL_PROXY_UPSTREAMS=$BACKEND_URL" -- "$STACK_BIN/proxy" -config "$cfg"
 		PROXY_URLS="${PROXY_URLS:+$PROXY_URLS,}http://127.0.0.1:$LAUNCH_PORT"
+		PROXY_ADMIN_URLS="${PROXY_ADMIN_URLS:+$PROXY_ADMIN_URLS }http://127.0.0.1:$LAUNCH_APORT"
 	done
 	stack_log "up: $nworkers workers, backend $BACKEND_URL, proxies $PROXY_URLS"
 }

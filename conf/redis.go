@@ -3,10 +3,12 @@ package conf
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -162,16 +164,18 @@ func (r Redis) Target() RedisTarget {
 // turned off per script by package lua (its commands say NoRetry).
 func (r Redis) NewClient() redis.UniversalClient {
 	t := r.Target()
-	var tlsConf *tls.Config
-	if t.TLS && t.Kind != RedisNode {
-		host, _, _ := net.SplitHostPort(t.Addrs[0])
-		tlsConf = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	tlsConf, err := r.tlsConfig(t)
+	var dialer func(context.Context, string, string) (net.Conn, error)
+	if err != nil {
+		// validate read the files at start; one gone since fails every
+		// dial with the reason rather than talking without it.
+		dialer = func(context.Context, string, string) (net.Conn, error) { return nil, err }
 	}
 	switch t.Kind {
 	case RedisCluster:
 		cc := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:    t.Addrs,
-			Username: t.Username, Password: t.Password, TLSConfig: tlsConf,
+			Username: t.Username, Password: t.Password, TLSConfig: tlsConf, Dialer: dialer,
 			PoolSize:    r.PoolSize,
 			DialTimeout: r.DialTimeout.Duration, ReadTimeout: r.ReadTimeout.Duration, WriteTimeout: r.WriteTimeout.Duration,
 			ContextTimeoutEnabled: true,
@@ -188,7 +192,7 @@ func (r Redis) NewClient() redis.UniversalClient {
 	case RedisSentinel:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: t.MasterName, SentinelAddrs: t.Addrs, DB: t.DB,
-			Username: t.Username, Password: t.Password, TLSConfig: tlsConf,
+			Username: t.Username, Password: t.Password, TLSConfig: tlsConf, Dialer: dialer,
 			PoolSize:    r.PoolSize,
 			DialTimeout: r.DialTimeout.Duration, ReadTimeout: r.ReadTimeout.Duration, WriteTimeout: r.WriteTimeout.Duration,
 			ContextTimeoutEnabled: true,
@@ -196,6 +200,10 @@ func (r Redis) NewClient() redis.UniversalClient {
 		})
 	}
 	o := *t.node
+	o.TLSConfig = tlsConf
+	if dialer != nil {
+		o.Dialer = dialer
+	}
 	o.PoolSize = r.PoolSize
 	o.DialTimeout = r.DialTimeout.Duration
 	o.ReadTimeout = r.ReadTimeout.Duration
@@ -204,6 +212,66 @@ func (r Redis) NewClient() redis.UniversalClient {
 	o.ContextTimeoutEnabled = true
 	o.MaxRetries = -1
 	return redis.NewClient(&o)
+}
+
+// keyError is a problem of one configuration key (validate names it).
+type keyError struct {
+	key string
+	err error
+}
+
+func (e keyError) Error() string { return e.key + ": " + e.err.Error() }
+
+// tlsConfig is the TLS the url's scheme asks for with the tls_* keys
+// applied, nil for a plain URL; the files are read here.
+func (r Redis) tlsConfig(t RedisTarget) (*tls.Config, error) {
+	keys := []struct{ key, v string }{{"redis.tls_ca_file", r.TLSCAFile}, {"redis.tls_cert_file", r.TLSCertFile},
+		{"redis.tls_key_file", r.TLSKeyFile}, {"redis.tls_server_name", r.TLSServerName}}
+	if !t.TLS {
+		for _, k := range keys {
+			if k.v != "" {
+				return nil, keyError{k.key, errors.New("is set, but redis.url does not use TLS (rediss://, rediss-cluster:// or rediss-sentinel://)")}
+			}
+		}
+		return nil, nil
+	}
+	var c *tls.Config
+	if t.Kind == RedisNode {
+		c = t.node.TLSConfig.Clone() // go-redis's: the URL's host, its skip_verify
+	} else {
+		// No ServerName: crypto/tls then verifies each connection by the
+		// host it dials, so every cluster node (by the address the cluster
+		// announces), every Sentinel and the master it names is checked
+		// against its own name, not the first seed's.
+		c = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if r.TLSServerName != "" {
+		c.ServerName = r.TLSServerName
+	}
+	if r.TLSCAFile != "" {
+		pem, err := os.ReadFile(r.TLSCAFile)
+		if err != nil {
+			return nil, keyError{"redis.tls_ca_file", err}
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, keyError{"redis.tls_ca_file", fmt.Errorf("%s holds no PEM certificate", r.TLSCAFile)}
+		}
+		c.RootCAs = pool
+	}
+	switch {
+	case r.TLSCertFile != "" && r.TLSKeyFile == "":
+		return nil, keyError{"redis.tls_key_file", errors.New("is required with redis.tls_cert_file")}
+	case r.TLSCertFile == "" && r.TLSKeyFile != "":
+		return nil, keyError{"redis.tls_cert_file", errors.New("is required with redis.tls_key_file")}
+	case r.TLSCertFile != "":
+		cert, err := tls.LoadX509KeyPair(r.TLSCertFile, r.TLSKeyFile)
+		if err != nil {
+			return nil, keyError{"redis.tls_cert_file", err}
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
 }
 
 // reloadOnNodeError asks a cluster client to reload its slot map (coalesced,

@@ -1,6 +1,8 @@
 package conf
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -92,7 +94,7 @@ func TestRedisNewClient(t *testing.T) {
 	co := cl.Options()
 	if !reflect.DeepEqual(co.Addrs, []string{"n1:7000", "n2:7001"}) || co.Password != "pw" || co.PoolSize != 7 ||
 		co.MaxRetries != -1 || co.MaxRedirects != 3 || co.ReadOnly || co.RouteByLatency || co.RouteRandomly ||
-		!co.ContextTimeoutEnabled || co.TLSConfig == nil || co.TLSConfig.ServerName != "n1" {
+		!co.ContextTimeoutEnabled || co.TLSConfig == nil || co.TLSConfig.ServerName != "" {
 		t.Errorf("cluster options = %+v", co)
 	}
 
@@ -103,6 +105,43 @@ func TestRedisNewClient(t *testing.T) {
 	defer fo.Close()
 	if o := fo.Options(); o.DB != 2 || o.PoolSize != 7 || o.MaxRetries != 0 || !o.ContextTimeoutEnabled || o.Addr != "FailoverClient" {
 		t.Errorf("sentinel options = %+v", o)
+	}
+}
+
+// The tls_* keys: refused on a plain URL, their files read and checked at
+// start, the error naming the key; nothing else is reported.
+func TestRedisTLSKeys(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.pem")
+	for _, tc := range []struct{ keys, want string }{
+		{`url = "redis://127.0.0.1:6379/0"` + "\ntls_ca_file = \"" + notPEM + `"`, "redis.tls_ca_file: is set, but redis.url does not use TLS"},
+		{`url = "redis-cluster://127.0.0.1:7000"` + "\ntls_server_name = \"r\"", "redis.tls_server_name: is set, but redis.url does not use TLS"},
+		{`url = "rediss://127.0.0.1:6379/0"` + "\ntls_ca_file = \"" + missing + `"`, "redis.tls_ca_file: open " + missing + ": no such file"},
+		{`url = "rediss-cluster://127.0.0.1:7000"` + "\ntls_ca_file = \"" + notPEM + `"`, "redis.tls_ca_file: " + notPEM + " holds no PEM certificate"},
+		{`url = "rediss-sentinel://127.0.0.1:26379/m/0"` + "\ntls_cert_file = \"" + notPEM + `"`, "redis.tls_key_file: is required with redis.tls_cert_file"},
+		{`url = "rediss://127.0.0.1:6379/0"` + "\ntls_key_file = \"" + notPEM + `"`, "redis.tls_cert_file: is required with redis.tls_key_file"},
+		{`url = "rediss://127.0.0.1:6379/0"` + "\ntls_cert_file = \"" + notPEM + "\"\ntls_key_file = \"" + notPEM + `"`, "redis.tls_cert_file: tls: failed to find any PEM data"},
+	} {
+		_, err := Parse("[redis]\n"+tc.keys, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Count(err.Error(), "redis.") != strings.Count(tc.want, "redis.") {
+			t.Errorf("%s:\n error %v\n want %q alone", tc.keys, err, tc.want)
+		}
+	}
+	// A server name and no files on a TLS URL of each kind is fine.
+	for _, u := range []string{"rediss://127.0.0.1:6379/0", "rediss-cluster://127.0.0.1:7000", "rediss-sentinel://127.0.0.1:26379/m/0"} {
+		c, err := Parse("[redis]\nurl = \""+u+"\"\ntls_server_name = \"redis.internal\"", nil)
+		if err != nil {
+			t.Errorf("%s: %v", u, err)
+			continue
+		}
+		tc, err := c.Redis.tlsConfig(c.Redis.Target())
+		if err != nil || tc == nil || tc.ServerName != "redis.internal" || tc.RootCAs != nil {
+			t.Errorf("%s: tls config %+v, %v", u, tc, err)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package conf
 
 import (
+	"errors"
 	"net/url"
 	"strings"
 	"time"
@@ -16,6 +17,12 @@ type Redis struct {
 	DialTimeout  Duration `toml:"dial_timeout"`
 	ReadTimeout  Duration `toml:"read_timeout"`
 	WriteTimeout Duration `toml:"write_timeout"`
+	// TLS of a rediss:// URL (RedisTLS). Empty: the system's CAs, no client
+	// certificate, each server verified by the host it is dialled at.
+	TLSCAFile     string `toml:"tls_ca_file"`
+	TLSCertFile   string `toml:"tls_cert_file"`
+	TLSKeyFile    string `toml:"tls_key_file"`
+	TLSServerName string `toml:"tls_server_name"`
 }
 
 func defaultRedis() Redis {
@@ -29,8 +36,15 @@ func defaultRedis() Redis {
 }
 
 func (r *Redis) validate(p *problems) {
-	if _, err := ParseRedisURL(r.URL); err != nil {
+	if t, err := ParseRedisURL(r.URL); err != nil {
 		p.add("redis.url", "%v", err)
+	} else if _, err := r.tlsConfig(t); err != nil {
+		var ke keyError
+		if errors.As(err, &ke) {
+			p.add(ke.key, "%v", ke.err)
+		} else {
+			p.add("redis.url", "%v", err)
+		}
 	}
 	if strings.ContainsAny(r.KeyPrefix, "{} \t\r\n") {
 		p.add("redis.key_prefix", "must not contain braces or white space, got %q", r.KeyPrefix)

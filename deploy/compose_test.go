@@ -27,6 +27,31 @@ func loadCompose(t *testing.T, env []string) (*types.Project, error) {
 	return opts.LoadProject(context.Background())
 }
 
+// loadComposeCluster is the project as `docker compose --env-file
+// deploy/redis-cluster.env run bench` sees it: the env file's variables
+// (COMPOSE_PROFILES among them) over env, then the bench service enabled.
+func loadComposeCluster(t *testing.T, env []string) *types.Project {
+	t.Helper()
+	opts, err := cli.NewProjectOptions([]string{filepath.Join("..", "docker-compose.yml")},
+		cli.WithName("seckill"), cli.WithEnv(env), cli.WithWorkingDirectory(".."),
+		cli.WithEnvFiles(filepath.Join("..", "deploy", "redis-cluster.env")), cli.WithDotEnv, cli.WithDefaultProfiles())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := opts.LoadProject(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(p.Profiles, []string{"cluster"}) {
+		t.Errorf("deploy/redis-cluster.env activates profiles %v, want [cluster]", p.Profiles)
+	}
+	p, err = p.WithServicesEnabled("bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // docker-compose.yml, loaded and validated by compose-go (no Docker engine
 // runs here): only the proxy is published beyond loopback, every
 // application service has a -healthcheck of its own binary, one admin token
@@ -39,6 +64,52 @@ func TestCompose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	apps := checkApps(t, p)
+	// The cluster profile is opt-in: by default none of it runs, and every
+	// service uses the one redis.
+	for name := range p.Services {
+		if strings.HasPrefix(name, "redis-node-") || name == "redis-cluster-init" {
+			t.Errorf("%s runs without the cluster profile", name)
+		}
+	}
+	for name := range apps {
+		if u := p.Services[name].Environment["SECKILL_REDIS_URL"]; u == nil || *u != "redis://redis:6379/0" {
+			t.Errorf("%s: SECKILL_REDIS_URL %v without the cluster profile, want redis://redis:6379/0", name, u)
+		}
+		if d, ok := p.Services[name].DependsOn["redis-cluster-init"]; ok && d.Required {
+			t.Errorf("%s requires redis-cluster-init, which only the cluster profile has", name)
+		}
+	}
+	for _, name := range []string{"proxy", "backend", "worker-1", "worker-2", "bench"} {
+		if _, ok := apps[name]; !ok {
+			t.Errorf("no application service %s", name)
+		}
+	}
+	b := p.Services["bench"]
+	args := strings.Join(b.Command, " ")
+	for _, want := range []string{"-targets http://proxy:8080", "-admin-url http://backend:8090"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("bench command %q lacks %q", args, want)
+		}
+	}
+	if dep, ok := b.DependsOn["proxy"]; !ok || dep.Condition != types.ServiceConditionHealthy {
+		t.Errorf("bench must wait for a healthy proxy: %+v", b.DependsOn)
+	}
+	if !slices.Contains(b.Profiles, "bench") {
+		t.Error("bench runs on demand (profile bench), not with `up`")
+	}
+	img := p.Services["rabbitmq"].Image
+	major, _ := strconv.Atoi(strings.SplitN(strings.TrimPrefix(img, "rabbitmq:"), ".", 2)[0])
+	if major < 4 {
+		t.Errorf("RabbitMQ image %s: want a current (4.x) release", img)
+	}
+}
+
+// checkApps checks every application service of p (published ports, the
+// one admin token, the configuration it would run with, its healthcheck)
+// and returns them, service -> binary.
+func checkApps(t *testing.T, p *types.Project) map[string]string {
+	t.Helper()
 	apps := map[string]string{} // service -> binary
 	for name, s := range p.Services {
 		for _, port := range s.Ports {
@@ -99,27 +170,5 @@ func TestCompose(t *testing.T) {
 			t.Errorf("%s: healthcheck %v, want %v", name, hc, want)
 		}
 	}
-	for _, name := range []string{"proxy", "backend", "worker-1", "worker-2", "bench"} {
-		if _, ok := apps[name]; !ok {
-			t.Errorf("no application service %s", name)
-		}
-	}
-	b := p.Services["bench"]
-	args := strings.Join(b.Command, " ")
-	for _, want := range []string{"-targets http://proxy:8080", "-admin-url http://backend:8090"} {
-		if !strings.Contains(args, want) {
-			t.Errorf("bench command %q lacks %q", args, want)
-		}
-	}
-	if dep, ok := b.DependsOn["proxy"]; !ok || dep.Condition != types.ServiceConditionHealthy {
-		t.Errorf("bench must wait for a healthy proxy: %+v", b.DependsOn)
-	}
-	if !slices.Contains(b.Profiles, "bench") {
-		t.Error("bench runs on demand (profile bench), not with `up`")
-	}
-	img := p.Services["rabbitmq"].Image
-	major, _ := strconv.Atoi(strings.SplitN(strings.TrimPrefix(img, "rabbitmq:"), ".", 2)[0])
-	if major < 4 {
-		t.Errorf("RabbitMQ image %s: want a current (4.x) release", img)
-	}
+	return apps
 }

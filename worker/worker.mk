@@ -50,6 +50,7 @@ chaos: services
 		status=1; cat $(CHAOS_OUT)/proxy.log; \
 		printf 'proxy: redis down/paused/slow × on_redis_error local/open/closed (edge.TestRedisFaults)\t-\t-\t-\t-\t-\t-\t-\tFAIL\n' >> $(CHAOS_OUT)/rows.tsv; \
 	fi; \
+	was=; scripts/redis-engines.sh cluster url >/dev/null 2>&1 && was=1; \
 	if url=$$(scripts/redis-engines.sh cluster start | tail -1) && \
 		SECKILL_TEST_REDIS_URL=$$url SECKILL_TEST_REDIS_CLUSTER_URL=$$url $(GO) test -race -count=1 -timeout 20m \
 			$(ENGINE_TESTS) ./internal/verify ./backend/... ./worker/... ./proxy/... ./e2e > $(CHAOS_OUT)/cluster.log 2>&1; then \
@@ -58,6 +59,7 @@ chaos: services
 		status=1; grep -E '^(--- FAIL|FAIL|panic)' $(CHAOS_OUT)/cluster.log || true; \
 		printf 'redis cluster: the tests on the local cluster (log: $(CHAOS_OUT)/cluster.log)\t-\t-\t-\t-\t-\t-\t-\tFAIL\n' >> $(CHAOS_OUT)/rows.tsv; \
 	fi; \
+	[ -n "$$was" ] || scripts/redis-engines.sh cluster stop >/dev/null; \
 	echo; \
 	{ printf 'fault\tattempts\taccepted\tconfirmed\tfailed\toversold\tduplicates\tlost\tverdict\n'; cat $(CHAOS_OUT)/rows.tsv; } \
 		| column -t -s "$$(printf '\t')" -o ' | '; \

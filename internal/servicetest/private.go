@@ -2,6 +2,7 @@ package servicetest
 
 import (
 	"context"
+	"crypto/tls"
 	"database/sql"
 	"fmt"
 	"net"
@@ -41,6 +42,7 @@ type Private struct {
 	cmd    *exec.Cmd
 	exited chan struct{}
 	argv   []string
+	tls    *tls.Config // a TLS-only redis-server: how to reach it
 }
 
 // PrivateRedis starts a throwaway redis-server on a free port; it is killed
@@ -63,6 +65,32 @@ func PrivateRedis(t testing.TB) *Private {
 	t.Fatalf("private redis-server did not start: %s", strings.Join(errs, "; "))
 	return nil
 }
+
+// StartRedisArgs starts redis-server with the command line args(port) on a
+// free port (args must make it listen there, on 127.0.0.1, without TLS) and
+// kills it when the test ends: a server of a configuration the test needs
+// (a cluster node of a deployment's config file). args is called again for
+// each port tried.
+func StartRedisArgs(t testing.TB, args func(port int) []string) *Private {
+	t.Helper()
+	bin := needBinary(t, "redis-server")
+	var errs []string
+	for range 10 {
+		port := freePort(t)
+		p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), argv: append([]string{bin}, args(port)...)}
+		if err := p.startRedis(); err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		t.Cleanup(p.Kill)
+		return p
+	}
+	t.Fatalf("redis-server %v did not start: %s", args(0), strings.Join(errs, "; "))
+	return nil
+}
+
+// FreePort is a port free on 127.0.0.1 a moment ago.
+func FreePort(t testing.TB) int { return freePort(t) }
 
 // redisServer is a redis-server on port that keeps nothing on disk.
 func redisServer(bin string, port int) *Private {
@@ -87,7 +115,7 @@ func (p *Private) startRedis() error {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	p.cmd, p.exited = cmd, exited
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1, TLSConfig: p.tls})
 	defer rdb.Close()
 	deadline := time.Now().Add(time.Minute)
 	for {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/seckill/seckill/bench/internal/hist"
 	"github.com/seckill/seckill/bench/internal/load"
+	"github.com/seckill/seckill/internal/redisnodes"
 	"github.com/seckill/seckill/internal/verify"
 )
 
@@ -35,6 +36,7 @@ type Run struct {
 	HotShare     float64   `json:"hot_share"`
 	ForwardedFor bool      `json:"forwarded_for"`
 	Retries      int       `json:"max_retries"`
+	Redis        string    `json:"redis,omitempty"` // conf.RedisKind: node, cluster, sentinel
 }
 
 // Phase is one phase's figures.
@@ -111,6 +113,43 @@ type Report struct {
 	Verdict  verify.Verdict      `json:"verdict"`
 	Line     string              `json:"verdict_line"`
 	Problems []string            `json:"problems,omitempty"`
+	// RedisCalls: each Redis master's commands over the load (warm-up,
+	// rush and tail; not the drain), from INFO commandstats before and
+	// after; nil when they could not be read.
+	RedisCalls []NodeCalls `json:"redis_calls,omitempty"`
+}
+
+// NodeCalls is one Redis master's commands over the load. The bench's own
+// INFO calls are left out; every other client of the node counts. Redis
+// counts the commands a script runs as well: Calls is work done, Scripts
+// (EVALSHA and EVAL, also the _RO forms) are calls sent.
+type NodeCalls struct {
+	Node     string           `json:"node"`
+	Calls    int64            `json:"calls"`
+	Scripts  int64            `json:"script_calls"`
+	Commands map[string]int64 `json:"commands"`
+}
+
+// RedisCallsOver is the per-master delta between two INFO commandstats
+// readings (redisnodes.CommandCalls), by node address; a master that
+// appeared in between (a failover) counts from zero.
+func RedisCallsOver(before, after map[string]redisnodes.Calls) []NodeCalls {
+	out := make([]NodeCalls, 0, len(after))
+	for node, a := range after {
+		d := a.Since(before[node])
+		delete(d, "info")
+		n := NodeCalls{Node: node, Commands: d}
+		for cmd, c := range d {
+			n.Calls += c
+			switch cmd {
+			case "evalsha", "eval", "evalsha_ro", "eval_ro":
+				n.Scripts += c
+			}
+		}
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out
 }
 
 // Build assembles a report.
@@ -301,6 +340,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "drain: %s in %.2f s, %d orders written (%.0f orders/s); queue %d ready, %s unacked, %d dead-lettered; Redis pending %d\n",
 		state, d.Seconds, d.Orders, d.Rate, d.Final.Ready, unacked, d.Final.Dead, d.Final.Pending)
+	if r.Run.Redis == "cluster" && len(r.RedisCalls) > 0 {
+		writeRedisCalls(&b, r)
+	}
 	v := r.Verdict
 	fmt.Fprintf(&b, "orders: %d accepted (202), MySQL %d confirmed + %d failed", v.AcceptedOrders, v.ConfirmedOrders, v.FailedOrders)
 	for _, k := range sortedKeys(v.FailReasons) {
@@ -322,6 +364,49 @@ func (r *Report) WriteTable(w io.Writer) error {
 	b.WriteString(r.Line + "\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeRedisCalls is the per-master part of the table: each master's share
+// of the calls (a hot slot shows as one master far above 1/N) and calls per
+// request sent (warm-up reads, state polls, purchases, order waits).
+func writeRedisCalls(b *strings.Builder, r *Report) {
+	var total, scripts int64
+	for _, n := range r.RedisCalls {
+		total += n.Calls
+		scripts += n.Scripts
+	}
+	var requests int64
+	for _, p := range r.Phases {
+		requests += p.Requests
+	}
+	if rd := r.Reads; rd != nil {
+		requests += rd.StatePolls.Requests + rd.OrderWaits.Requests
+	}
+	per := func(n int64) float64 {
+		if requests == 0 {
+			return 0
+		}
+		return float64(n) / float64(requests)
+	}
+	share := func(n int64) float64 {
+		if total == 0 {
+			return 0
+		}
+		return 100 * float64(n) / float64(total)
+	}
+	fmt.Fprintf(b, "%-22s %9s %7s %9s %9s %9s  %s\n", "redis master", "commands", "share", "per req", "scripts", "per req", "top commands")
+	for _, n := range r.RedisCalls {
+		cmds := sortedKeys(n.Commands)
+		sort.SliceStable(cmds, func(i, j int) bool { return n.Commands[cmds[i]] > n.Commands[cmds[j]] })
+		var top []string
+		for _, c := range cmds[:min(4, len(cmds))] {
+			top = append(top, fmt.Sprintf("%s %d", c, n.Commands[c]))
+		}
+		fmt.Fprintf(b, "%-22s %9d %6.1f%% %9.2f %9d %9.2f  %s\n", n.Node, n.Calls, share(n.Calls), per(n.Calls), n.Scripts, per(n.Scripts), strings.Join(top, ", "))
+	}
+	fmt.Fprintf(b, "%-22s %9d %6.1f%% %9.2f %9d %9.2f\n", "all masters", total, 100.0, per(total), scripts, per(scripts))
+	fmt.Fprintf(b, "(INFO commandstats of each master, before and after the load: every client of the cluster counts, the drain does not;\n"+
+		" commands include those run inside scripts, scripts are EVALSHA/EVAL calls; per %d requests sent)\n", requests)
 }
 
 // writeReads is the read-mix part of the table.

@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/seckill/seckill/bench/internal/load"
+	"github.com/seckill/seckill/internal/redisnodes"
 	"github.com/seckill/seckill/internal/verify"
 )
 
@@ -229,5 +231,39 @@ func TestHTMLRendersInChromium(t *testing.T) {
 	}
 	if st, err := os.Stat(shot); err != nil || st.Size() < 20_000 {
 		t.Errorf("screenshot missing or blank: %v", err)
+	}
+}
+
+// Per-master Redis calls: the delta of two readings without the bench's own
+// INFO, a master new since the first reading counted from zero; printed
+// for a cluster only, with each master's share and calls per request.
+func TestRedisCalls(t *testing.T) {
+	before := map[string]redisnodes.Calls{"10.0.0.1:7000": {"evalsha": 100, "info": 1, "get": 5}, "10.0.0.2:7000": {"evalsha": 50}}
+	after := map[string]redisnodes.Calls{"10.0.0.1:7000": {"evalsha": 700, "info": 2, "get": 5, "hmget": 100},
+		"10.0.0.2:7000": {"evalsha": 350, "eval": 10}, "10.0.0.3:7000": {"evalsha": 200}}
+	calls := RedisCallsOver(before, after)
+	want := []NodeCalls{
+		{Node: "10.0.0.1:7000", Calls: 700, Scripts: 600, Commands: map[string]int64{"evalsha": 600, "hmget": 100}},
+		{Node: "10.0.0.2:7000", Calls: 310, Scripts: 310, Commands: map[string]int64{"evalsha": 300, "eval": 10}},
+		{Node: "10.0.0.3:7000", Calls: 200, Scripts: 200, Commands: map[string]int64{"evalsha": 200}},
+	}
+	if !reflect.DeepEqual(calls, want) {
+		t.Errorf("calls\n got %+v\nwant %+v", calls, want)
+	}
+	for _, kind := range []string{"node", "cluster"} {
+		r := sample(t, true)
+		r.Run.Redis = kind
+		r.RedisCalls = calls
+		var b bytes.Buffer
+		if err := r.WriteTable(&b); err != nil {
+			t.Fatal(err)
+		}
+		// 3,050 requests (50 warm-up reads, 3,000 purchases): 1,210 calls.
+		row := regexp.MustCompile(`(?m)^10\.0\.0\.1:7000 +700 +57\.9% +0\.23 +600 +0\.20  evalsha 600, hmget 100$`)
+		all := regexp.MustCompile(`(?m)^all masters +1210 +100\.0% +0\.40 +1110 +0\.36$`)
+		shown := row.MatchString(b.String()) && all.MatchString(b.String())
+		if shown != (kind == "cluster") {
+			t.Errorf("redis %s: per-master rows shown %v:\n%s", kind, shown, b.String())
+		}
 	}
 }
