@@ -4,10 +4,13 @@
 #                        2 workers + backend + 2 proxies, bench, verdict last
 #   make demo QUICK=1    the short form (≤ 60 s) that .ci/run runs
 #   make bench           side-by-side performance run -> out/bench/{bench.json,bench.md}
+#   make bench-table     the same run; its first table is issue 11's (figures, ratios
+#                        to the raw ceilings of the run, CPU µs per order per process,
+#                        load average) -> out/bench/bench.md; about 5 minutes
 #   make bench-deps      install headless Chromium (the HTML report test needs it)
 #   make bench-read      sale-state reads/s through the proxy: today's path, the
 #                        caches, the sold-out edge answer -> out/bench-read/
-.PHONY: demo bench bench-deps bench-read
+.PHONY: demo bench bench-table bench-deps bench-read
 
 QUICK ?=
 REDIS ?=
@@ -17,6 +20,10 @@ demo:
 
 bench: build services
 	bench/bench.sh
+
+# The issue-11 table: what the lead re-runs after a change of the purchase
+# path, with the same commands (bench.md lists them).
+bench-table: bench
 
 bench-read: build services
 	scripts/bench-read.sh

@@ -13,10 +13,18 @@
 #                              installed) and the sale's keys per accepted order
 #                              of run 2 while live, then after it is ended and
 #                              archived
+#   0. raw ceilings            before 2: `bin/bench ceilings` on the same
+#                              services (confirm publisher, 100-order
+#                              transaction, reserve.lua)
 # Every run is verified (I1–I5); a FAIL verdict is reported in the table.
+# Every run of 2–5 accounts CPU per process (bench -cpu: proxy, backend,
+# workers, redis-server, mariadbd, beam.smp, the box) from the rush's start
+# until drained, and sets its figures beside the ceilings (bench -ceilings).
+# The first table printed is issue 11's (also at the top of bench.md, with
+# the exact command of each scenario).
 #
 # Environment: BENCH_OUT (out/bench), BENCH_DURATION (10s), BENCH_CONNS (128),
-# BENCH_SKIP_PROXY=1 (skip 1).
+# BENCH_CEILING_DURATION (3s, each ceiling), BENCH_SKIP_PROXY=1 (skip 1).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="$PATH:/usr/local/go/bin:/usr/local/sbin:/usr/sbin:/sbin"
@@ -78,6 +86,36 @@ archive_grace    = "1s"'
 stack_write_config "$STACK_OUT/seckill.toml" 10000000 10000000
 stack_up "$STACK_OUT/seckill.toml" 2 1
 
+# listener_pid URL-or-PORT — the process listening on a loopback TCP port
+# (ss), for the services' CPU; empty when it cannot be told.
+listener_pid() {
+	local port=${1##*:}
+	port=${port%%/*}
+	ss -ltnpH "sport = :$port" 2>/dev/null | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -n 1
+}
+# The processes whose CPU every run accounts (bench -cpu): the stack's own,
+# and the services' servers (shared with whatever else runs on the box: the
+# "box" row and the load average say how busy it was).
+cpu_groups="proxy=$(stack_pid_of proxy1 | tail -n 1),backend=$(stack_pid_of backend | tail -n 1),worker=$(
+	IFS=+
+	echo "${WORKER_PIDS[*]}"
+)"
+redis_url=${SECKILL_REDIS_URL:-redis://127.0.0.1:6379/0}
+redis_hostport=${redis_url#redis://}
+redis_hostport=${redis_hostport%%/*}
+for svc in "redis-server=${BENCH_REDIS_PID:-$(listener_pid "$redis_hostport")}" \
+	"mariadbd=$(listener_pid 3306)" "beam.smp=$(listener_pid 5672)"; do
+	[[ -n ${svc#*=} ]] && cpu_groups+=",$svc"
+done
+stack_log "CPU accounted for: $cpu_groups"
+
+# The raw ceilings, in this run, on the same services (names of their own).
+stack_log "0/5 raw ceilings (bin/bench ceilings)"
+bin/bench ceilings -config "$STACK_OUT/seckill.toml" -duration "${BENCH_CEILING_DURATION:-3s}" \
+	-json "$STACK_OUT/ceilings.json" >"$STACK_OUT/ceilings.txt" 2>&1 ||
+	{ cat "$STACK_OUT/ceilings.txt" >&2; stack_die "bench ceilings failed"; }
+cat "$STACK_OUT/ceilings.txt" >&2
+
 used_memory() { rcli info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'; }
 # used_dataset — used_memory less Redis's own overhead (clients, scripts, the
 # key space's tables): MEMORY STATS dataset.bytes.
@@ -96,12 +134,14 @@ keys_bytes() {
 sale_bytes() { keys_bytes "${SECKILL_REDIS_PREFIX}{act:$1}:*"; }
 
 common=(-config "$STACK_OUT/seckill.toml" -targets "$PROXY_URLS" -admin-url "$BACKEND_URL"
-	-activity 0 -limit 1 -source-ips 200 -hot-share 0 -warmup 1s -drain-timeout 120s -quiet)
+	-activity 0 -limit 1 -source-ips 200 -hot-share 0 -warmup 1s -drain-timeout 120s -quiet
+	-cpu "$cpu_groups" -ceilings "$STACK_OUT/ceilings.json")
 
 run_bench() { # name args...
 	local name=$1 rc=0
 	shift
 	stack_log "$name: bin/bench $*"
+	printf '%q ' bin/bench "${common[@]}" "$@" >"$STACK_OUT/$name.cmd"
 	bin/bench "${common[@]}" "$@" -json "$STACK_OUT/$name.json" -html "$STACK_OUT/$name.html" \
 		>"$STACK_OUT/$name.txt" 2>"$STACK_OUT/$name.err" || rc=$?
 	if [[ $rc == 2 ]]; then
@@ -179,7 +219,7 @@ kill -CONT "${WORKER_PIDS[@]}" 2>/dev/null || true
 stack_stop
 
 python3 - "$STACK_OUT" <<'PY'
-import json, os, sys
+import json, os, re, sys
 out = sys.argv[1]
 def load(n):
     with open(os.path.join(out, n + ".json")) as f:
@@ -188,8 +228,9 @@ def lat(d, cls):
     for l in d["latency"]:
         if l["outcome"] == cls:
             return l
-    return {"p50_ms": 0, "p99_ms": 0, "count": 0}
+    return {"p50_ms": 0, "p99_ms": 0, "p99_9_ms": 0, "count": 0}
 mx, half, so, dr, mem = load("max"), load("half"), load("soldout"), load("drain"), load("memory")
+ceil = {c["name"]: c for c in json.load(open(os.path.join(out, "ceilings.json")))}
 rows = [
     ("purchase, max rate (closed loop)", "accepted orders/s",
      mx["summary"]["accepted"] / max(mx["summary"]["seconds"], 1e-9), "≥ 8000 confirmed/s",
@@ -214,20 +255,103 @@ proxy = ""
 p = os.path.join(out, "proxy.txt")
 if os.path.exists(p):
     proxy = open(p).read().rstrip()
+# The forward path from scripts/bench-proxy.sh: the proxy's req/s over the
+# bare pass-through's, and each one's CPU per request.
+fwd = None
+m = re.search(r"^passthrough\s+([\d.]+)\s.*?\s([\d.]+)\s+[\d.]+x direct$", proxy, re.M)
+n = re.search(r"^proxy\s+([\d.]+)\s.*?\s([\d.n/a]+)\s+[\d.]+x nginx, ([\d.]+)x passthrough$", proxy, re.M)
+if m and n:
+    fwd = {"passthrough_rps": float(m.group(1)), "passthrough_us": float(m.group(2)),
+           "proxy_rps": float(n.group(1)), "proxy_us": float(n.group(2)), "ratio": float(n.group(3))}
+load_line = ""
+lm = re.search(r"load average ([\d. ]+) before, ([\d. ]+) after", proxy)
+if lm:
+    load_line = "%s → %s" % (lm.group(1).split()[0], lm.group(2).split()[0])
+
+# CPU µs per accepted order (per answer for the sold-out tail) by process.
+PROCS = ["proxy", "backend", "worker", "redis-server", "mariadbd", "beam.smp", "box"]
+def cpu(d, per):
+    c = d.get("cpu") or {}
+    by = {x["name"]: x for x in c.get("processes", [])}
+    vals = {}
+    for name in PROCS:
+        x = by.get(name)
+        vals[name] = None if x is None or x.get("error") else x[per]
+    load = "%.2f → %.2f" % (c["load_average_start"][0], c["load_average_end"][0]) if c else ""
+    return vals, load
+def ratio(d, name, figure):
+    for c in d.get("ceilings") or []:
+        if c["name"] == name and c["figure"] == figure:
+            return c["ratio"]
+    return None
+def cmd(n):
+    return open(os.path.join(out, n + ".cmd")).read().strip()
+
+acc_s = mx["summary"]["accepted_per_second_rush"]
+conf_s = mx["summary"]["confirmed_per_second_end_to_end"]
+h202 = lat(half, "202")
+issue = [
+    {"scenario": "purchase, max rate (closed loop through a proxy)",
+     "figure": "%.0f accepted/s; %.0f confirmed/s incl. drain" % (acc_s, conf_s), "aim": "≥ 10,000 accepted/s, ≥ 8,000 confirmed/s",
+     "ceilings": "%.3f× reserve, %.3f× publish; confirmed %.3f× transaction" % tuple(x or 0 for x in (ratio(mx, "reserve", "accepted/s (rush)"), ratio(mx, "publish", "accepted/s (rush)"), ratio(mx, "transaction", "confirmed/s (end to end)"))),
+     "cpu": cpu(mx, "us_per_accepted_order"), "per": "accepted order", "command": cmd("max"), "verdict": mx["verdict_line"]},
+    {"scenario": "purchase, open loop at half of max (%d/s)" % half["run"]["rate"],
+     "figure": "p99 of 202 %.1f ms (p50 %.2f)" % (h202["p99_ms"], h202["p50_ms"]), "aim": "p99 ≤ 10 ms at half of the new max",
+     "ceilings": "", "cpu": cpu(half, "us_per_accepted_order"), "per": "accepted order", "command": cmd("half"), "verdict": half["verdict_line"]},
+    {"scenario": "drain of a deep queue",
+     "figure": "%.0f orders/s" % dr["drain"]["orders_per_second"], "aim": "≥ 25,000 orders/s",
+     "ceilings": "%.3f× transaction" % (ratio(dr, "transaction", "drain orders/s") or 0),
+     "cpu": cpu(dr, "us_per_accepted_order"), "per": "accepted order", "command": cmd("drain"), "verdict": dr["verdict_line"]},
+    {"scenario": "sold-out tail",
+     "figure": "%.0f answers/s" % so["summary"]["sold_out_per_second_tail"], "aim": "keep ≥ 50,000",
+     "ceilings": "", "cpu": cpu(so, "us_per_answer"), "per": "answer", "command": cmd("soldout"), "verdict": so["verdict_line"]},
+]
+if fwd:
+    issue.append({"scenario": "forward path vs bare fasthttp pass-through",
+                  "figure": "%.2f× (%.0f vs %.0f req/s)" % (fwd["ratio"], fwd["proxy_rps"], fwd["passthrough_rps"]), "aim": "≥ 0.9×",
+                  "ceilings": "CPU per request %.1f µs vs %.1f µs (%.2f×)" % (fwd["proxy_us"], fwd["passthrough_us"], fwd["passthrough_us"] / fwd["proxy_us"] if fwd["proxy_us"] else 0),
+                  "cpu": ({"proxy": fwd["proxy_us"]}, load_line), "per": "request", "command": "scripts/bench-proxy.sh (make bench-proxy)", "verdict": ""})
+
 summary = {"scenarios": [{"name": r[0], "metric": r[1], "value": round(r[2], 2), "aim": r[3], "detail": r[4], "verdict": r[5]} for r in rows],
-           "proxy_forward_path": proxy,
-           "ceilings": "RabbitMQ ~22k persistent msgs/s per queue (async confirms), ~25.6k/s consumed (manual acks); MariaDB ~111k orders/s in 100-order transactions; ~165 us CPU per accepted order => ~8-11k confirmed orders/s on 2 cores"}
+           "issue_table": [{k: v for k, v in x.items() if k != "cpu"} | {"cpu_us": x["cpu"][0], "cpu_per": x["per"], "load_average": x["cpu"][1]} for x in issue],
+           "ceilings": list(ceil.values()),
+           "proxy_forward_path": proxy}
 with open(os.path.join(out, "bench.json"), "w") as f:
     json.dump(summary, f, indent=2)
-md = ["# seckill bench", "", "| scenario | metric | value | aim | detail | verdict |", "|---|---|---:|---|---|---|"]
+
+def fmt(v):
+    return "–" if v is None else "%.0f" % v if v >= 100 else "%.1f" % v
+md = ["# seckill bench", "",
+      "| scenario | figure | aim | ratio to the raw ceilings of this run | " + " | ".join("CPU µs " + p for p in PROCS) + " | per | load (1 min) |",
+      "|---|---|---|---|" + "---:|" * len(PROCS) + "---|---|"]
+for x in issue:
+    vals, load = x["cpu"]
+    md.append("| %s | %s | %s | %s | %s | %s | %s |" % (x["scenario"], x["figure"], x["aim"], x["ceilings"],
+              " | ".join(fmt(vals.get(p)) for p in PROCS), x["per"], load))
+md += ["", "Raw ceilings (bin/bench ceilings, same run, same services): " +
+       "; ".join("%s %.0f %s (%s)" % (c["name"], c["per_second"], c["unit"], c["detail"]) for c in ceil.values()) + ".",
+       "", "Commands (inside `make bench`, after `bench/stack.sh` started 2 workers, a backend and a proxy):", ""]
+md += ["* %s: `%s`" % (x["scenario"], x["command"]) for x in issue]
+md += ["", "| scenario | metric | value | aim | detail | verdict |", "|---|---|---:|---|---|---|"]
 for r in rows:
     md.append("| %s | %s | %.1f | %s | %s | `%s` |" % (r[0], r[1], r[2], r[3], r[4], r[5]))
 if proxy:
     md += ["", "## Proxy forward path (scripts/bench-proxy.sh)", "", "```", proxy, "```"]
-md += ["", "Ceilings measured on this machine: " + summary["ceilings"] + ".", "",
-       "Per-scenario reports: max.html, half.html, soldout.html, drain.html (and .json, .txt) beside this file."]
+md += ["", "CPU: user + system time per process from /proc, from the rush's start until the queue was drained; box is the whole machine (other processes on it included). The services' CPU includes whatever else used them meanwhile.",
+       "", "Per-scenario reports: max.html, half.html, soldout.html, drain.html (and .json, .txt, .cmd) beside this file."]
 with open(os.path.join(out, "bench.md"), "w") as f:
     f.write("\n".join(md) + "\n")
+
+w = max(len(x["scenario"]) for x in issue)
+print("%-*s  %-44s %s" % (w, "scenario", "figure", "ratio to the raw ceilings"))
+for x in issue:
+    print("%-*s  %-44s %s" % (w, x["scenario"], x["figure"], x["ceilings"]))
+print("\n%-*s  %s  %-15s %s" % (w, "CPU µs per order", "".join("%13s" % p for p in PROCS), "per", "load (1 min)"))
+for x in issue:
+    vals, load = x["cpu"]
+    print("%-*s  %s  %-15s %s" % (w, x["scenario"], "".join("%13s" % fmt(vals.get(p)) for p in PROCS), x["per"], load))
+print("\nraw ceilings: " + "; ".join("%s %.0f %s" % (c["name"], c["per_second"], c["unit"]) for c in ceil.values()))
+print()
 w = max(len(r[0]) for r in rows)
 print("%-*s  %-20s %10s  %-20s %s" % (w, "scenario", "metric", "value", "aim", "detail"))
 for r in rows:

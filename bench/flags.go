@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/seckill/seckill/bench/internal/ceiling"
+	"github.com/seckill/seckill/bench/internal/proccpu"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/cli"
 )
@@ -23,6 +25,10 @@ type options struct {
 	quiet       bool
 	beforeDrain string
 	rabbitmqctl string
+	// cpu names the processes whose CPU is accounted over the scenario.
+	cpu []proccpu.Group
+	// ceilings is a file written by `bench ceilings` in the same run.
+	ceilings ceiling.Results
 }
 
 // configFlag is a flag that overrides one key of the configuration file: it
@@ -125,6 +131,16 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *cli.Flags, *options, map[stri
 	fs.StringVar(&o.beforeDrain, "before-drain", "", "shell command run after the load and before the drain wait (e.g. start or resume workers)")
 	fs.StringVar(&o.rabbitmqctl, "rabbitmqctl", "auto", "rabbitmqctl used to read unacknowledged messages; \"\" to skip, auto: from PATH")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress output")
+	fs.Func("cpu", "account CPU per process over the scenario: name=pid[+pid...],... (e.g. proxy=12,worker=14+15)", func(s string) error {
+		g, err := proccpu.ParseGroups(s)
+		o.cpu = g
+		return err
+	})
+	fs.Func("ceilings", "JSON file of `bench ceilings` (same run): figures beside the raw ceilings", func(path string) error {
+		cs, err := readCeilings(path)
+		o.ceilings = cs
+		return err
+	})
 	raws := map[string]*raw{}
 	var probe conf.Config
 	for _, f := range configFlags {

@@ -26,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/bench/internal/load"
+	"github.com/seckill/seckill/bench/internal/proccpu"
 	"github.com/seckill/seckill/bench/internal/report"
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/broker"
@@ -68,6 +69,9 @@ func bucketFor(total time.Duration) time.Duration {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "ceilings" {
+		return runCeilings(ctx, args[1:], stdout, stderr)
+	}
 	cfg, o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		return err
@@ -127,6 +131,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// calls); unreadable ones only leave that part out.
 	var problems []string
 	callsBefore, cerr := redisnodes.CommandCalls(ctx, rdb)
+	// CPU is counted from the rush's start (the warm-up's reads are not
+	// purchases) until the queue is drained.
+	cpuStart := make(chan proccpu.Sample, 1)
+	if o.cpu != nil {
+		go func() {
+			time.Sleep(time.Until(tl.RushStart))
+			cpuStart <- proccpu.Take(o.cpu)
+		}()
+	}
 	prog := newProgress(stderr, o.quiet, rec, tl)
 	prog.start(ctx)
 	err = runner.Run(ctx, tl)
@@ -159,6 +172,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dprog.done()
 	if err != nil {
 		return err
+	}
+	var cpuEnd proccpu.Sample
+	if o.cpu != nil {
+		cpuEnd = proccpu.Take(o.cpu)
 	}
 	if dres.Problem != "" {
 		problems = append(problems, "drain: "+dres.Problem)
@@ -198,6 +215,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rep := report.Build(rr, snap, tl, dres, api, v)
 	rep.Problems = problems
 	rep.RedisCalls = redisCalls
+	if o.cpu != nil {
+		rep.CPU = report.NewCPU(o.cpu, <-cpuStart, cpuEnd, rep.Summary.Accepted, rep.Summary.Purchases)
+	}
+	if o.ceilings != nil {
+		rep.Compare(o.ceilings)
+	}
 	rep.Reads = &reads
 	if o.jsonPath != "" {
 		if err := report.WriteFile(o.jsonPath, rep.WriteJSON); err != nil {

@@ -92,3 +92,44 @@ func TestBucketFor(t *testing.T) {
 		}
 	}
 }
+
+// -cpu and -ceilings are parsed at the command line: a bad group or a file
+// without rates is refused naming the flag.
+func TestCPUAndCeilingFlags(t *testing.T) {
+	p := writeConfig(t, "")
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.json")
+	if err := os.WriteFile(good, []byte(`[{"name":"reserve","unit":"calls/s","per_second":1234}]`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, o, err := parseFlags([]string{"-config", p, "-admin-token", "x", "-cpu", "proxy=1,worker=2+3", "-ceilings", good}, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.cpu) != 2 || o.cpu[1].Name != "worker" || len(o.cpu[1].PIDs) != 2 {
+		t.Errorf("cpu groups %+v", o.cpu)
+	}
+	if c, ok := o.ceilings.Get("reserve"); !ok || c.PerSecond != 1234 {
+		t.Errorf("ceilings %+v", o.ceilings)
+	}
+	norate := filepath.Join(dir, "norate.json")
+	if err := os.WriteFile(norate, []byte(`[{"name":"reserve"}]`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-cpu", "proxy=x"}, `-cpu: process group "proxy=x"`},
+		{[]string{"-ceilings", filepath.Join(dir, "missing.json")}, "-ceilings: open"},
+		{[]string{"-ceilings", norate}, `ceiling "reserve" has no rate`},
+	} {
+		_, _, err := parseFlags(append([]string{"-config", p, "-admin-token", "x"}, c.args...), io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: got %v, want %q", c.args, err, c.want)
+		}
+	}
+	if err := run(t.Context(), []string{"ceilings", "-duration", "0s", "-config", p}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "must be positive") {
+		t.Errorf("ceilings -duration 0s: %v", err)
+	}
+}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/cli"
+	"github.com/seckill/seckill/internal/profiling"
 	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
 	"github.com/seckill/seckill/proxy/internal/edge"
@@ -55,6 +56,11 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	stopPprof, err := profiling.Start(log)
+	if err != nil {
+		return err
+	}
+	defer stopPprof()
 
 	rdb := cfg.Redis.NewClient()
 	defer rdb.Close()

@@ -56,8 +56,10 @@ REDIS_CLI=(redis-cli -u "$REDIS_URL")
 
 UP=$(port); PT=$(port); PX=$(port); PXA=$(port); P4=$(port); P4A=$(port); NG=$(port); PC=$(port); PCA=$(port); NC=$(port)
 "$work/benchserver" -mode upstream -listen "127.0.0.1:$UP" & pids+=($!)
+UP_PID=$!
 wait_port "$UP"
 "$work/benchserver" -mode passthrough -listen "127.0.0.1:$PT" -target "127.0.0.1:$UP" & pids+=($!)
+PT_PID=$!
 
 proxy_conf() { # file listen admin perip global
   cat >"$1" <<TOML
@@ -93,7 +95,9 @@ if [ "$(ulimit -n)" -lt $((CROWD_CLIENTS + 512)) ]; then
 fi
 "$work/proxy" -config "$work/pc.toml" 2>"$work/pc.log" & pids+=($!)
 "$work/proxy" -config "$work/px.toml" 2>"$work/px.log" & pids+=($!)
+PX_PID=$!
 "$work/proxy" -config "$work/p4.toml" 2>"$work/p4.log" & pids+=($!)
+P4_PID=$!
 
 cat >"$work/nginx.conf" <<NGX
 worker_processes 2;
@@ -137,41 +141,59 @@ curl -s -o /dev/null "http://127.0.0.1:$P4/" || true # spend the one slot
 
 calls() { "${REDIS_CLI[@]}" info commandstats | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s+=$3} END {print s+0}'; }
 
+# cpu_ticks PID... — user + system clock ticks of the processes so far
+# (/proc/PID/stat fields 14 and 15; the names here hold no spaces).
+cpu_ticks() { local p t=0; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+HZ=$(getconf CLK_TCK)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-declare -A RPS P50 P99 REQS
-bench() { # name url
-  local out
-  wrk -t"$THREADS" -c"$CONNS" -d1s "$2" >/dev/null 2>&1 || true # warm up
-  out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "$2")
+declare -A RPS P50 P99 REQS CPU
+bench() { # name url pid... (the server under test, whose CPU per request is counted)
+  local out c0 c1 name=$1 url=$2
+  shift 2
+  wrk -t"$THREADS" -c"$CONNS" -d1s "$url" >/dev/null 2>&1 || true # warm up
+  c0=$(cpu_ticks "$@")
+  out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "$url")
+  c1=$(cpu_ticks "$@")
+  set -- "$name" "$url"
   RPS[$1]=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
   P50[$1]=$(awk '$1=="50%" {print $2}' <<<"$out")
   P99[$1]=$(awk '$1=="99%" {print $2}' <<<"$out")
   REQS[$1]=$(awk '/requests in/ {print $1}' <<<"$out")
   if grep -q "Non-2xx" <<<"$out"; then NON2XX[$1]=$(awk '/Non-2xx/ {print $NF}' <<<"$out"); fi
+  CPU[$1]=$(awk -v t="$((c1 - c0))" -v hz="$HZ" -v r="${REQS[$1]}" 'BEGIN { if (r > 0) printf "%.1f", t * 1e6 / hz / r; else print "n/a" }')
 }
 declare -A NON2XX
 if [ -z "${SKIP_WRK:-}" ]; then
-bench direct "http://127.0.0.1:$UP/"
-bench passthrough "http://127.0.0.1:$PT/"
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+bench direct "http://127.0.0.1:$UP/" "$UP_PID"
+bench passthrough "http://127.0.0.1:$PT/" "$PT_PID"
 before=$(calls)
-bench proxy "http://127.0.0.1:$PX/"
+bench proxy "http://127.0.0.1:$PX/" "$PX_PID"
 after=$(calls)
-bench nginx "http://127.0.0.1:$NG/"
-bench proxy-429 "http://127.0.0.1:$P4/"
+# nginx: its workers (children of the master).
+bench nginx "http://127.0.0.1:$NG/" $(pgrep -P "$(cat "$work/nginx.pid")")
+bench proxy-429 "http://127.0.0.1:$P4/" "$P4_PID"
+load1=$(cut -d' ' -f1-3 /proc/loadavg)
 
-printf '\n%-12s %12s %10s %10s %10s  %s\n' target "req/s" p50 p99 non-2xx "ratio"
+printf '\n%-12s %12s %10s %10s %10s %12s  %s\n' target "req/s" p50 p99 non-2xx "cpu us/req" "ratio"
 for n in direct passthrough proxy nginx proxy-429; do
   case $n in
     proxy) r="$(ratio "${RPS[proxy]}" "${RPS[nginx]}")x nginx, $(ratio "${RPS[proxy]}" "${RPS[passthrough]}")x passthrough" ;;
     proxy-429) r="$(ratio "${RPS[proxy-429]}" "${RPS[direct]}")x direct" ;;
     *) r="$(ratio "${RPS[$n]}" "${RPS[direct]}")x direct" ;;
   esac
-  printf '%-12s %12s %10s %10s %10s  %s\n' "$n" "${RPS[$n]}" "${P50[$n]}" "${P99[$n]}" "${NON2XX[$n]:-0}" "$r"
+  printf '%-12s %12s %10s %10s %10s %12s  %s\n' "$n" "${RPS[$n]}" "${P50[$n]}" "${P99[$n]}" "${NON2XX[$n]:-0}" "${CPU[$n]}" "$r"
 done
+echo "(cpu us/req: user + system time of the server under test per request (direct: the upstream; nginx: its workers), the upstream's not included;"
+echo " $CONNS connections, $THREADS wrk threads, $DURATION each; load average $load0 before, $load1 after)"
 echo
 # Warm-up requests of the proxy run also called Redis; they are not counted
 # in REQS, so the figure errs high.
 echo "redis calls per forwarded request (proxy run): $(awk -v c="$((after - before))" -v r="${REQS[proxy]}" 'BEGIN { printf "%.5f (%d calls / %d requests)", c / r, c, r }')"
+# On a loaded machine Redis calls may outlast redis_timeout: those decisions
+# fell back to on_redis_error (their cost is not the lease path's).
+pxdeg=$(curl -s "http://127.0.0.1:$PXA/metrics" | awk '/^seckill_proxy_decisions_total\{outcome="degraded"/ {d+=$2} /^seckill_proxy_decisions_total\{/ {t+=$2} END {printf "%d of %d", d, t}')
+echo "proxy decisions that fell back to on_redis_error (proxy run, warm-up included): $pxdeg"
 fi
 
 # The crowd: one short run each, the proxy first (Redis calls counted).

@@ -113,6 +113,11 @@ type Report struct {
 	Verdict  verify.Verdict      `json:"verdict"`
 	Line     string              `json:"verdict_line"`
 	Problems []string            `json:"problems,omitempty"`
+	// CPU per process over the scenario (-cpu); nil when not asked for.
+	CPU *CPU `json:"cpu,omitempty"`
+	// Ceilings are the raw ceilings of the same run beside this run's
+	// figures (-ceilings); empty when not given.
+	Ceilings []Ceiling `json:"ceilings,omitempty"`
 	// RedisCalls: each Redis master's commands over the load (warm-up,
 	// rush and tail; not the drain), from INFO commandstats before and
 	// after; nil when they could not be read.
@@ -352,6 +357,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.API != nil {
 		fmt.Fprintf(&b, "sale state (API): %s, sold %d, pending %d, available %d\n", r.API.State, r.API.Sold, r.API.Pending, r.API.Available)
 	}
+	r.writeCPU(&b)
 	for _, n := range v.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}

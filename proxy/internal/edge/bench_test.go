@@ -138,3 +138,9 @@ func benchProxyWith(b *testing.B, perIP int, window time.Duration, status int, e
 	runRequests(b, p.Server(log), status, hdr...)
 	b.ReportMetric(float64(calls()-before)/float64(b.N), "redis-calls/op")
 }
+
+// BenchmarkServeForward is BenchmarkServe without rules: the proxy's server,
+// identity, gate and forwarding alone, the part BenchmarkPassthrough does.
+func BenchmarkServeForward(b *testing.B) {
+	benchProxyWith(b, 1, time.Second, fasthttp.StatusOK, func(c *conf.Config) { c.Proxy.Rules = nil })
+}

@@ -1,7 +1,8 @@
 // Package forward sends admitted requests to the upstreams over keep-alive
 // connections: round-robin over healthy upstreams, hop-by-hop headers
 // stripped both ways, X-Forwarded-For appended, X-Request-ID set when absent,
-// large responses streamed instead of buffered.
+// small responses read whole (their connection back in the pool at once),
+// large ones streamed.
 package forward
 
 import (
@@ -120,18 +121,25 @@ func NewPool(urls []string, o Options) (*Pool, error) {
 			}
 		}
 		up := &Upstream{Name: u.Host, hc: &fasthttp.HostClient{
-			Addr:                      addr,
-			IsTLS:                     u.Scheme == "https",
-			Dial:                      dial,
-			MaxConns:                  o.MaxConns,
-			MaxIdleConnDuration:       30 * time.Second,
-			ReadTimeout:               o.Timeout,
-			WriteTimeout:              o.Timeout,
+			Addr:                addr,
+			IsTLS:               u.Scheme == "https",
+			Dial:                dial,
+			MaxConns:            o.MaxConns,
+			MaxIdleConnDuration: 30 * time.Second,
+			// No ReadTimeout, and WriteTimeout for TLS only (it bounds the
+			// handshake at dial): Do bounds every exchange with DoTimeout's
+			// deadline (at most Timeout from the first try), which fasthttp
+			// sets on the connection for the write, the response and a
+			// streamed body alike. A client timeout beside it is never the
+			// nearer bound and costs two clock reads per exchange.
+			WriteTimeout:              tlsOnly(u.Scheme == "https", o.Timeout),
 			MaxIdemponentCallAttempts: 1, // retries are ours, on another upstream
-			StreamResponseBody:        true,
-			DisablePathNormalizing:    true,
-			NoDefaultUserAgentHeader:  true,
-			MaxConnWaitTimeout:        o.Timeout,
+			// Small responses read whole, the others streamed (transport).
+			StreamResponseBody:       true,
+			Transport:                &transport{bufferUpTo: o.BufferUpTo},
+			DisablePathNormalizing:   true,
+			NoDefaultUserAgentHeader: true,
+			MaxConnWaitTimeout:       o.Timeout,
 		}}
 		if m := o.Metrics; m != nil {
 			for i := 1; i <= 5; i++ {
@@ -144,6 +152,13 @@ func NewPool(urls []string, o Options) (*Pool, error) {
 		p.ups = append(p.ups, up)
 	}
 	return p, nil
+}
+
+func tlsOnly(tls bool, d time.Duration) time.Duration {
+	if tls {
+		return d
+	}
+	return 0
 }
 
 // Upstreams lists the pool's upstreams.
@@ -366,7 +381,8 @@ func (p *Pool) prepareResponse(resp *fasthttp.Response) {
 	stripHop(h)
 	h.ResetConnectionClose()
 	if n := h.ContentLength(); n >= 0 && n <= p.o.BufferUpTo {
-		// Small: read it now, which hands the connection back at once.
+		// Small: the pool's transport read it whole already (this is then
+		// free); a streamed one is read now, which hands the connection back.
 		resp.Body()
 	}
 }
