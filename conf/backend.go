@@ -90,7 +90,7 @@ func defaultBackend() Backend {
 
 		GroupMax:     64,
 		GroupLinger:  D(2 * time.Millisecond),
-		GroupMessage: GroupEach,
+		GroupMessage: GroupBatch,
 	}
 }
 

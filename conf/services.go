@@ -88,8 +88,9 @@ func (m MySQL) Driver() (*mysql.Config, error) {
 	}
 	c.Params["time_zone"] = "'+00:00'"
 	// No isolation level here: MariaDB and MySQL name the session variable
-	// differently and an unknown one fails every connection. Transactions that
-	// need READ COMMITTED ask for it (sql.TxOptions).
+	// differently and an unknown one fails every connection. A pool whose
+	// transactions all need READ COMMITTED sets it per connection
+	// (schema.ReadCommitted); others ask per transaction (sql.TxOptions).
 	return c, nil
 }
 

@@ -111,7 +111,8 @@ func openStores(ctx context.Context, cfg conf.Config) (redis.UniversalClient, *s
 		_ = rdb.Close()
 		return nil, nil, fmt.Errorf("redis: %w", err)
 	}
-	db, err := schema.Open(ctx, cfg.MySQL)
+	// Every worker transaction is READ COMMITTED: set once per connection.
+	db, err := schema.Open(ctx, cfg.MySQL, schema.ReadCommitted)
 	if err != nil {
 		_ = rdb.Close()
 		return nil, nil, err

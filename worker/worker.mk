@@ -32,6 +32,7 @@ FUZZ_TARGETS := \
 	./conf:FuzzParseRedisURL \
 	./conf:FuzzParseKey \
 	./internal/ordermsg:FuzzDecode \
+	./internal/ordermsg:FuzzDecodeMessage \
 	./proxy/internal/token:FuzzExtract \
 	./proxy/internal/token:FuzzVerify \
 	./proxy/internal/access:FuzzDenied

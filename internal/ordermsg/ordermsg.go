@@ -4,6 +4,7 @@
 package ordermsg
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/base32"
 	"encoding/json"
@@ -197,4 +198,124 @@ func (b Batch) Encode() ([]byte, error) {
 		out.Orders[i] = o
 	}
 	return json.Marshal(out)
+}
+
+// Part is one order of a decoded message: the order, or why it is invalid.
+type Part struct {
+	// Order is valid when Err is nil.
+	Order Order
+	// Body is the order's own body when Err is set: in a batch, its element
+	// (an Order body of Version, as if published alone), which is what is
+	// dead-lettered; for a single-order message, the message body.
+	Body []byte
+	// Err marks an order that can never be processed (ErrInvalid).
+	Err error
+}
+
+// DecodeMessage decodes a message body of either version. A Version body is
+// one part, or an error as Decode gives it. A BatchVersion body is its
+// orders in order, each valid or with its own error; an error is returned
+// only when the batch as a whole is unusable: not a batch object, no orders
+// or more than MaxBatch, or valid orders of more than one activity (the
+// backend publishes a batch per activity, so that is a producer bug, and the
+// worker's grouping per activity must not silently split a message).
+func DecodeMessage(body []byte) ([]Part, error) {
+	parts, err := Split(body)
+	if err != nil {
+		return nil, err
+	}
+	var act int64
+	for _, p := range parts {
+		switch {
+		case p.Err != nil:
+		case act == 0:
+			act = p.Order.ActivityID
+		case p.Order.ActivityID != act:
+			return nil, fmt.Errorf("%w: batch holds orders of activities %d and %d", ErrInvalid, act, p.Order.ActivityID)
+		}
+	}
+	return parts, nil
+}
+
+// Split is DecodeMessage without the one-activity rule: what the dead-letter
+// queue's consumer needs to decide every order a refused batch carried.
+func Split(body []byte) ([]Part, error) {
+	if !isBatch(body) {
+		o, err := Decode(body)
+		if err != nil {
+			return nil, err
+		}
+		return []Part{{Order: o}}, nil
+	}
+	// The common case: every order well-formed and valid, decoded in one
+	// pass; any error falls back to decoding element by element, so that
+	// each order gets its own verdict.
+	var b Batch
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if dec.Decode(&b) == nil && b.V == BatchVersion && len(b.Orders) > 0 && len(b.Orders) <= MaxBatch {
+		parts := make([]Part, len(b.Orders))
+		ok := true
+		for i, o := range b.Orders {
+			if o.Validate() != nil {
+				ok = false
+				break
+			}
+			parts[i].Order = o
+		}
+		if ok {
+			return parts, nil
+		}
+	}
+	return splitEach(body)
+}
+
+// The bodies Encode writes begin so; anything else is probed.
+var (
+	orderPrefix = []byte(`{"v":1,`)
+	batchPrefix = []byte(`{"v":2,`)
+)
+
+// isBatch reports whether body is of BatchVersion, without parsing it twice
+// in the common case.
+func isBatch(body []byte) bool {
+	switch {
+	case bytes.HasPrefix(body, orderPrefix):
+		return false
+	case bytes.HasPrefix(body, batchPrefix):
+		return true
+	}
+	var probe struct {
+		V int `json:"v"`
+	}
+	return json.Unmarshal(body, &probe) == nil && probe.V == BatchVersion
+}
+
+// splitEach decodes a batch element by element.
+func splitEach(body []byte) ([]Part, error) {
+	var raw struct {
+		V      int               `json:"v"`
+		Orders []json.RawMessage `json:"orders"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&raw); err != nil {
+		return nil, fmt.Errorf("%w: batch: %v", ErrInvalid, err)
+	}
+	if raw.V != BatchVersion {
+		return nil, fmt.Errorf("%w: batch version %d, want %d", ErrInvalid, raw.V, BatchVersion)
+	}
+	if len(raw.Orders) == 0 || len(raw.Orders) > MaxBatch {
+		return nil, fmt.Errorf("%w: batch of %d orders, want 1..%d", ErrInvalid, len(raw.Orders), MaxBatch)
+	}
+	parts := make([]Part, len(raw.Orders))
+	for i, r := range raw.Orders {
+		o, err := Decode(r)
+		if err != nil {
+			parts[i] = Part{Body: r, Err: fmt.Errorf("order %d of the batch: %w", i, err)}
+			continue
+		}
+		parts[i].Order = o
+	}
+	return parts, nil
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -51,6 +52,9 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Name labels the AMQP connection in the broker's tools.
 	Name string
+	// SerialClaims: claim a batch's orders in Redis only once the batch
+	// before it is done, instead of while it commits (benchmarks compare).
+	SerialClaims bool
 	// DeadLetters: also consume the dead-letter queue, deciding each order
 	// in it (see deadLoop). Every worker does; tests of the dead-letter
 	// publish itself leave it off to look into the queue.
@@ -300,30 +304,128 @@ func (c *Consumer) loop(ctx, proc, work context.Context, ch *amqp.Channel, deliv
 		close(settles)
 		settler.Wait()
 	}()
-	batch := make([]amqp.Delivery, 0, c.cfg.BatchSize)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	for {
-		batch = batch[:0]
-		more := c.collect(ctx, deliveries, timer, &batch)
-		if len(batch) > 0 && !c.handle(proc, ch, batch, dl, settles) {
-			return // some delivery undecided: stop before anything later is acked
+	// While a batch is handled the next one is collected, decoded and, unless
+	// the one in hand carries a drain marker (its recovery ends only once
+	// the batch is decided), claimed in Redis: the claim's round trip then
+	// overlaps the MySQL commit. Batches are still handled one after the
+	// other, in order.
+	type gathered struct {
+		batch []inbound
+		more  bool
+	}
+	gather := func(gctx context.Context, claim bool) gathered {
+		g := gathered{batch: make([]inbound, 0, c.cfg.BatchSize)}
+		g.more = c.collect(gctx, deliveries, timer, &g.batch)
+		if claim && len(g.batch) > 0 && gctx.Err() == nil {
+			c.claimAhead(proc, g.batch)
 		}
-		if !more {
+		return g
+	}
+	cur := gather(ctx, false)
+	for len(cur.batch) > 0 {
+		var ahead chan gathered
+		gctx, stop := context.WithCancel(ctx)
+		if cur.more {
+			ahead = make(chan gathered, 1)
+			claim := !c.cfg.SerialClaims && !hasMarker(cur.batch)
+			go func() { ahead <- gather(gctx, claim) }()
+		}
+		ok := c.handle(proc, ch, cur.batch, dl, settles)
+		if !ok {
+			// Some delivery undecided: stop before anything later is acked;
+			// what the next batch took stays unacked and is redelivered.
+			stop()
+		}
+		if ahead == nil {
+			stop()
+			return
+		}
+		cur = <-ahead
+		stop()
+		if !ok {
 			return
 		}
 	}
 }
 
-// collect appends up to BatchSize deliveries, waiting at most BatchWait after
-// the first. It reports false once the channel is closed or ctx ended.
-func (c *Consumer) collect(ctx context.Context, deliveries <-chan amqp.Delivery, timer *time.Timer, batch *[]amqp.Delivery) bool {
+// hasMarker reports whether batch holds a drain marker.
+func hasMarker(batch []inbound) bool {
+	for _, d := range batch {
+		if d.Type == ordermsg.MarkerType {
+			return true
+		}
+	}
+	return false
+}
+
+// claimAhead claims the valid orders of batch in Redis, one call per
+// activity, recording each state in its delivery. One try each: an activity
+// whose claim fails is claimed again, with retries, when its group is
+// written.
+func (c *Consumer) claimAhead(ctx context.Context, batch []inbound) {
+	type ref struct{ d, p int }
+	var order []int64
+	ids := map[int64][]string{}
+	refs := map[int64][]ref{}
+	for di, d := range batch {
+		for pi, p := range d.parts {
+			if p.Err != nil {
+				continue
+			}
+			a := p.Order.ActivityID
+			if _, ok := ids[a]; !ok {
+				order = append(order, a)
+			}
+			ids[a] = append(ids[a], p.Order.OrderID)
+			refs[a] = append(refs[a], ref{di, pi})
+		}
+	}
+	for _, a := range order {
+		cctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
+		states, err := c.res.Claim(cctx, a, ids[a])
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				c.m.Retries.WithLabelValues(workermetrics.CauseRedis).Inc()
+			}
+			continue
+		}
+		for i, r := range refs[a] {
+			d := &batch[r.d]
+			if d.claims == nil {
+				d.claims = make([]reservation.State, len(d.parts))
+				d.claimed = make([]bool, len(d.parts))
+			}
+			d.claims[r.p], d.claimed[r.p] = states[i], true
+		}
+	}
+}
+
+// inbound is a delivery with its body decoded (orders only; a marker's is
+// decoded by handle).
+type inbound struct {
+	amqp.Delivery
+	parts []ordermsg.Part
+	err   error // the message as a whole is invalid
+	// claims[i] is what Redis answered for parts[i] when claimed[i] (see
+	// claimAhead).
+	claims  []reservation.State
+	claimed []bool
+}
+
+// collect appends deliveries until they carry BatchSize orders (a message of
+// several orders counts each), waiting at most BatchWait after the first.
+// Each body is decoded as it arrives, while the batch fills. It reports false
+// once the channel is closed or ctx ended.
+func (c *Consumer) collect(ctx context.Context, deliveries <-chan amqp.Delivery, timer *time.Timer, batch *[]inbound) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	var wait <-chan time.Time
 	defer timer.Stop()
-	for len(*batch) < c.cfg.BatchSize {
+	for orders := 0; orders < c.cfg.BatchSize; {
 		select {
 		case d, ok := <-deliveries:
 			if !ok || ctx.Err() != nil {
@@ -332,7 +434,12 @@ func (c *Consumer) collect(ctx context.Context, deliveries <-chan amqp.Delivery,
 				// closes.
 				return false
 			}
-			*batch = append(*batch, d)
+			in := inbound{Delivery: d}
+			if d.Type != ordermsg.MarkerType {
+				in.parts, in.err = ordermsg.DecodeMessage(d.Body)
+			}
+			*batch = append(*batch, in)
+			orders += max(1, len(in.parts))
 			if wait == nil {
 				timer.Reset(c.cfg.BatchWait)
 				wait = timer.C
@@ -346,29 +453,17 @@ func (c *Consumer) collect(ctx context.Context, deliveries <-chan amqp.Delivery,
 	return true
 }
 
-// group is the orders of one activity within a batch.
+// group is the orders of one activity within a batch, at most BatchSize (a
+// batch's orders of one activity beyond that start another group).
 type group struct {
 	activityID int64
-	tags       []uint64
+	tags       []uint64 // of the delivery carrying each order
 	orders     []store.Order
+	claimed    bool // every order's Claim is Redis's answer already
 	outcomes   []store.Outcome
 	// rejected[i] is set when MySQL refused order i for good, even as a
 	// failed row: it is dead-lettered, and settled failed in Redis.
 	rejected map[int]error
-}
-
-// written lists the tags of the orders MySQL decided.
-func (g *group) written() []uint64 {
-	if len(g.rejected) == 0 {
-		return g.tags
-	}
-	out := make([]uint64, 0, len(g.tags))
-	for i, t := range g.tags {
-		if g.rejected[i] == nil {
-			out = append(out, t)
-		}
-	}
-	return out
 }
 
 // ReasonRejected is the failure reason of an order MySQL refused to write
@@ -390,21 +485,38 @@ const settleBacklog = 2
 
 // handle decides every delivery of a batch: dead-letters the invalid ones,
 // writes the rest per activity, acks what was decided, then hands the written
-// groups to settles (Redis). It reports whether every delivery was decided
-// (and acked or rejected).
-func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.Delivery, dl *deadLetterer, settles chan<- []*group) bool {
+// groups to settles (Redis). A delivery of several orders is acked once every
+// one of them is decided; an invalid or rejected one among them is
+// dead-lettered alone. It reports whether every delivery was decided (and
+// acked or rejected).
+func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []inbound, dl *deadLetterer, settles chan<- []*group) bool {
 	c.m.Deliveries.Add(float64(len(batch)))
 	var groups []*group
 	byID := map[int64]*group{}
-	byTag := make(map[uint64]amqp.Delivery, len(batch))
+	byTag := make(map[uint64]inbound, len(batch))
 	var ackTags []uint64 // decided, to be acked
 	var markers []marker
+	all := true
+	left := make(map[uint64]int, len(batch)) // undecided orders per delivery
+	decided := func(tag uint64) {
+		if left[tag]--; left[tag] == 0 {
+			ackTags = append(ackTags, tag)
+		}
+	}
+	// deadOne dead-letters one order of d alone: its body, under id.
+	deadOne := func(d inbound, id string, body []byte, cause error) {
+		if c.deadLetterOne(ctx, ch, d.Delivery, id, body, cause, dl, len(d.parts) == 1) {
+			decided(d.DeliveryTag)
+		} else if len(d.parts) > 1 {
+			all = false // its neighbours must not be acked with it: redelivered
+		}
+	}
 	for _, d := range batch {
 		byTag[d.DeliveryTag] = d
 		if d.Type == ordermsg.MarkerType {
 			m, err := ordermsg.DecodeMarker(d.Body)
 			if err != nil {
-				if c.deadLetter(ctx, ch, d, err, dl) {
+				if c.deadLetter(ctx, ch, d.Delivery, err, dl) {
 					ackTags = append(ackTags, d.DeliveryTag)
 				}
 				continue
@@ -412,24 +524,36 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 			markers = append(markers, marker{tag: d.DeliveryTag, m: m})
 			continue
 		}
-		o, err := ordermsg.Decode(d.Body)
-		if err != nil {
-			if c.deadLetter(ctx, ch, d, err, dl) {
+		if d.err != nil {
+			if c.deadLetter(ctx, ch, d.Delivery, d.err, dl) {
 				ackTags = append(ackTags, d.DeliveryTag)
 			}
 			continue
 		}
-		g := byID[o.ActivityID]
-		if g == nil {
-			g = &group{activityID: o.ActivityID}
-			byID[o.ActivityID] = g
-			groups = append(groups, g)
+		left[d.DeliveryTag] = len(d.parts)
+		for i, p := range d.parts {
+			if p.Err != nil {
+				deadOne(d, partID(d.Delivery, i, len(d.parts)), p.Body, p.Err)
+				continue
+			}
+			o := p.Order
+			g := byID[o.ActivityID]
+			if g == nil || len(g.orders) >= c.cfg.BatchSize {
+				g = &group{activityID: o.ActivityID, claimed: true}
+				byID[o.ActivityID] = g
+				groups = append(groups, g)
+			}
+			so := store.Order{Order: o}
+			if d.claimed != nil && d.claimed[i] {
+				so.Claim = d.claims[i]
+			} else {
+				g.claimed = false
+			}
+			g.tags = append(g.tags, d.DeliveryTag)
+			g.orders = append(g.orders, so)
 		}
-		g.tags = append(g.tags, d.DeliveryTag)
-		g.orders = append(g.orders, store.Order{Order: o})
 	}
 
-	all := true
 	var done []*group
 	for _, g := range groups {
 		if ctx.Err() != nil {
@@ -437,17 +561,11 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 			break
 		}
 		err := c.write(ctx, g)
+		var dead []int
 		if errors.Is(err, errPermanent) {
 			// MySQL rejects something in the group for good: write its
 			// orders one by one, dead-letter the ones rejected.
-			var dead []int
-			if g, dead, err = c.isolate(ctx, g); err == nil {
-				for _, i := range dead {
-					if c.deadLetter(ctx, ch, byTag[g.tags[i]], g.rejected[i], dl) {
-						ackTags = append(ackTags, g.tags[i])
-					}
-				}
-			}
+			g, dead, err = c.isolate(ctx, g)
 		}
 		if err != nil {
 			all = false
@@ -458,7 +576,20 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, batch []amqp.De
 			break
 		}
 		done = append(done, g)
-		ackTags = append(ackTags, g.written()...)
+		for i, t := range g.tags {
+			if g.rejected[i] == nil {
+				decided(t)
+			}
+		}
+		for _, i := range dead {
+			o := g.orders[i].Order
+			body, err := o.Encode()
+			if err != nil { // a decoded order always encodes
+				all = false
+				continue
+			}
+			deadOne(byTag[g.tags[i]], o.OrderID, body, g.rejected[i])
+		}
 	}
 	// Markers last: every order this channel received before them is
 	// decided in MySQL now, and its key back in Redis.
@@ -578,7 +709,7 @@ func (c *Consumer) write(ctx context.Context, g *group) error {
 		ids[i] = o.OrderID
 	}
 	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
-	claimed := false
+	claimed := g.claimed
 	permanent := 0
 	for try := 1; ; try++ {
 		var err error
@@ -639,7 +770,7 @@ func (c *Consumer) isolate(ctx context.Context, g *group) (*group, []int, error)
 	g.rejected = map[int]error{}
 	var dead []int
 	for i, o := range g.orders {
-		one := &group{activityID: g.activityID, tags: g.tags[i : i+1], orders: []store.Order{o}}
+		one := &group{activityID: g.activityID, tags: g.tags[i : i+1], orders: []store.Order{o}, claimed: true}
 		err := c.write(ctx, one)
 		switch {
 		case err == nil:
@@ -768,27 +899,48 @@ func (c *Consumer) decideDead(ctx context.Context, d amqp.Delivery) bool {
 		c.log.Warn("drain marker dead-lettered; dropped", "message_id", d.MessageId, "reason", reason)
 		return true
 	}
-	o, err := ordermsg.Decode(d.Body)
+	parts, err := ordermsg.Split(d.Body)
 	if err != nil {
 		c.log.Error("dead-lettered message is no order; dropped", "message_id", d.MessageId, "reason", reason,
 			"err", err, "body", truncate(string(d.Body), 512))
 		return true
 	}
-	out, err := c.fail(ctx, o, ReasonDeadLettered)
-	switch {
-	case errors.Is(err, errPermanent):
-		// MySQL refuses even the failed row (the worker dead-lettered it
-		// for that and failed it in Redis): Redis alone can release it.
-		out = store.Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity, Reason: ReasonRejected}
-	case err != nil:
-		return false
+	// A message of several orders (the broker's delivery limit, or one the
+	// worker refused whole) is decided order by order, settled per activity.
+	var groups []*group
+	byID := map[int64]*group{}
+	for i, p := range parts {
+		if p.Err != nil {
+			c.log.Error("order of a dead-lettered message is invalid; dropped", "message_id", d.MessageId, "index", i,
+				"reason", reason, "err", p.Err, "body", truncate(string(p.Body), 512))
+			continue
+		}
+		o := p.Order
+		out, err := c.fail(ctx, o, ReasonDeadLettered)
+		switch {
+		case errors.Is(err, errPermanent):
+			// MySQL refuses even the failed row (the worker dead-lettered it
+			// for that and failed it in Redis): Redis alone can release it.
+			out = store.Outcome{OrderID: o.OrderID, UserID: o.UserID, Quantity: o.Quantity, Reason: ReasonRejected}
+		case err != nil:
+			return false
+		}
+		if !out.Redelivered {
+			c.m.Orders.WithLabelValues(ReasonDeadLettered).Inc()
+		}
+		c.log.Warn("dead-lettered order decided", "order_id", o.OrderID, "confirmed", out.Confirmed, "reason", out.Reason,
+			"dead_letter_reason", reason)
+		g := byID[o.ActivityID]
+		if g == nil {
+			g = &group{activityID: o.ActivityID}
+			byID[o.ActivityID] = g
+			groups = append(groups, g)
+		}
+		g.outcomes = append(g.outcomes, out)
 	}
-	if !out.Redelivered {
-		c.m.Orders.WithLabelValues(ReasonDeadLettered).Inc()
+	for _, g := range groups {
+		c.settle(ctx, g)
 	}
-	c.log.Warn("dead-lettered order decided", "order_id", o.OrderID, "confirmed", out.Confirmed, "reason", out.Reason,
-		"dead_letter_reason", reason)
-	c.settle(ctx, &group{activityID: o.ActivityID, outcomes: []store.Outcome{out}})
 	return ctx.Err() == nil
 }
 
@@ -804,23 +956,47 @@ func truncate(s string, n int) string {
 // (the caller acks the original); otherwise it rejected the original without
 // requeue, so the queue's own dead-letter exchange takes it: it never loops.
 func (c *Consumer) deadLetter(ctx context.Context, ch *amqp.Channel, d amqp.Delivery, cause error, dl *deadLetterer) bool {
+	return c.deadLetterOne(ctx, ch, d, d.MessageId, d.Body, cause, dl, true)
+}
+
+// deadLetterOne sends body, one order of d (or all of it), to the dead-letter
+// queue as message id with the reason, and reports true once the broker
+// confirmed it. When the publish fails and d carries nothing else (alone), d
+// is rejected without requeue as deadLetter does; otherwise d is left
+// unacked, since it carries orders that are not dead: it is redelivered (and
+// after the delivery limit, dead-lettered whole by the broker, where the
+// dead-letter consumer decides each of its orders).
+func (c *Consumer) deadLetterOne(ctx context.Context, ch *amqp.Channel, d amqp.Delivery, id string, body []byte, cause error, dl *deadLetterer, alone bool) bool {
 	reason := cause.Error()
 	if len(reason) > 255 {
 		reason = reason[:255]
 	}
-	err := dl.publish(ctx, d, reason)
+	err := dl.publish(ctx, d, id, body, reason)
 	if err == nil {
 		c.m.DeadLettered.WithLabelValues(workermetrics.DeadPublished).Inc()
-		c.log.Warn("message dead-lettered", "message_id", d.MessageId, "reason", reason)
+		c.log.Warn("message dead-lettered", "message_id", id, "reason", reason)
 		return true
 	}
+	if !alone {
+		c.log.Error("dead-letter of one order of a message failed; the message will be redelivered", "message_id", id, "err", err)
+		return false
+	}
 	if nerr := ch.Nack(d.DeliveryTag, false, false); nerr != nil {
-		c.log.Error("dead-letter failed and reject failed; it will be redelivered", "message_id", d.MessageId, "err", err, "reject_err", nerr)
+		c.log.Error("dead-letter failed and reject failed; it will be redelivered", "message_id", id, "err", err, "reject_err", nerr)
 		return false
 	}
 	c.m.DeadLettered.WithLabelValues(workermetrics.DeadRejected).Inc()
-	c.log.Warn("message rejected to the dead-letter exchange", "message_id", d.MessageId, "reason", reason, "publish_err", err)
+	c.log.Warn("message rejected to the dead-letter exchange", "message_id", id, "reason", reason, "publish_err", err)
 	return false
+}
+
+// partID is the message id of order i of d's n when dead-lettered alone: the
+// message's own for a single order, else "<message id>#<i>".
+func partID(d amqp.Delivery, i, n int) string {
+	if n == 1 {
+		return d.MessageId
+	}
+	return d.MessageId + "#" + strconv.Itoa(i)
 }
 
 // deadLetterer republishes invalid messages on a confirm-mode channel of the
@@ -868,9 +1044,10 @@ func newDeadLetterer(conn *amqp.Connection, topo broker.Topology, timeout time.D
 	return &deadLetterer{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 4)), topo: topo, timeout: timeout}, nil
 }
 
-// publish republishes d to the dead-letter exchange (mandatory, persistent)
-// with the reason header and waits for the broker's confirm.
-func (dl *deadLetterer) publish(ctx context.Context, d amqp.Delivery, reason string) error {
+// publish republishes body (d's, or one order of it) as message id to the
+// dead-letter exchange (mandatory, persistent), with d's properties and the
+// reason header, and waits for the broker's confirm.
+func (dl *deadLetterer) publish(ctx context.Context, d amqp.Delivery, id string, body []byte, reason string) error {
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
 	for len(dl.returns) > 0 { // a return of an earlier publish that timed out
@@ -889,11 +1066,11 @@ func (dl *deadLetterer) publish(ctx context.Context, d amqp.Delivery, reason str
 		ContentEncoding: d.ContentEncoding,
 		DeliveryMode:    amqp.Persistent,
 		CorrelationId:   d.CorrelationId,
-		MessageId:       d.MessageId,
+		MessageId:       id,
 		Timestamp:       d.Timestamp,
 		Type:            d.Type,
 		AppId:           d.AppId,
-		Body:            d.Body,
+		Body:            body,
 	})
 	if err != nil {
 		return fmt.Errorf("publish to %s: %w", dl.topo.DeadExchange, err)

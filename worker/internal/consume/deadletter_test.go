@@ -99,3 +99,50 @@ func (s *stack) deadLetterRaw(id string, body []byte) {
 		s.t.Fatalf("dead letter not confirmed: %v", err)
 	}
 }
+
+// A multi-order message in the dead-letter queue (the broker's delivery
+// limit took it whole) is decided order by order: the order a worker had
+// committed keeps its row and Redis follows it, the others are stored failed
+// (dead_lettered) and their units released, an invalid element is dropped.
+func TestConsumeDeadLetteredBatchIsDecidedPerOrder(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	ctx := context.Background()
+	s.sale(44, 10, 1)
+	kept, lost1, lost2 := s.reserve(44, "kept", 1), s.reserve(44, "lost1", 1), s.reserve(44, "lost2", 1)
+	for _, o := range []ordermsg.Order{kept, lost1, lost2} {
+		_, err := s.res.MarkQueued(ctx, 44, o.OrderID)
+		servicetest.Must(t, err, "mark queued")
+	}
+	_, err := s.db.Exec(`INSERT INTO orders (order_id, activity_id, user_id, quantity, status) VALUES (?, 44, ?, 1, 'confirmed')`, kept.OrderID, kept.UserID)
+	servicetest.Must(t, err, "row")
+	_, err = s.db.Exec(`UPDATE activities SET stock = stock - 1, sold = sold + 1 WHERE id = 44`)
+	servicetest.Must(t, err, "sell")
+	_, err = s.db.Exec(`INSERT INTO purchases (activity_id, user_id, quantity) VALUES (44, ?, 1)`, kept.UserID)
+	servicetest.Must(t, err, "purchases")
+	s.deadLetterRaw("batch", batchBody(t, lost1, kept, `{"v":1,"order_id":"junk"}`, lost2))
+
+	cfg := testConfig(s.topo)
+	cfg.DeadLetters = true
+	r := s.start(cfg, nil)
+	waitFor(t, "the dead-lettered batch decided", func() bool {
+		return s.depth(s.topo.DeadQueue) == 0 && s.countOrders() == 3
+	})
+	r.shutdown(t)
+	for _, o := range []ordermsg.Order{lost1, lost2} {
+		var reason string
+		servicetest.Must(t, s.db.QueryRow(`SELECT reason FROM orders WHERE order_id = ? AND status = 'failed'`, o.OrderID).Scan(&reason), "failed row")
+		if reason != consume.ReasonDeadLettered {
+			t.Errorf("order %s: reason %q, want %s", o.UserID, reason, consume.ReasonDeadLettered)
+		}
+	}
+	if st := s.orderStatus(kept.OrderID); st != "confirmed" {
+		t.Errorf("committed order of the batch is %q, want confirmed (MySQL's row stands)", st)
+	}
+	s.checkSettled(44, []ordermsg.Order{kept, lost1, lost2})
+	sale, _, err := s.res.Sale(ctx, 44)
+	servicetest.Must(t, err, "sale")
+	if sale.Sold != 1 || sale.Available() != 9 {
+		t.Errorf("Redis sale %+v: want sold 1, the two dead-lettered units released (available 9)", sale)
+	}
+}

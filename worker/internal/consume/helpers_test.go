@@ -66,7 +66,7 @@ func (s *stack) openDB(dsn string) *sql.DB {
 	c.DSN = dsn
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	db, err := schema.Open(ctx, c)
+	db, err := schema.Open(ctx, c, schema.ReadCommitted)
 	servicetest.Must(s.t, err, "open %s", dsn)
 	s.t.Cleanup(func() { _ = db.Close() })
 	return db

@@ -28,7 +28,8 @@ func benchOrders(n int) [][]store.Order {
 }
 
 // BenchmarkBatchInsert compares the worker's batch transaction (redelivery
-// check, per-user limit, insert, guarded stock update) with the raw ceiling:
+// check, per-user limit, insert, guarded stock update) with one transaction
+// per order (worker-one) and with the raw ceiling:
 // a bare transaction of one 100-row INSERT and the stock UPDATE. Both run in
 // one process against the same server, so their ratio is what the worker's
 // guards cost.
@@ -44,6 +45,24 @@ func BenchmarkBatchInsert(b *testing.B) {
 		for i := range b.N {
 			if _, err := s.Write(ctx, 1, batches[i]); err != nil {
 				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "orders/s")
+	})
+	// The one-at-a-time baseline: the same orders, one transaction each.
+	b.Run("worker-one", func(b *testing.B) {
+		db := openDB(b)
+		s := newStore(b, db)
+		createSale(b, db, 1, 1<<40, 1<<30)
+		batches := benchOrders(b.N)
+		ctx := context.Background()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			for j := range batches[i] {
+				if _, err := s.Write(ctx, 1, batches[i][j:j+1]); err != nil {
+					b.Fatal(err)
+				}
 			}
 		}
 		b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "orders/s")

@@ -26,7 +26,7 @@ func openDB(t testing.TB) *sql.DB {
 	c.DSN = servicetest.MySQLDSN(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	db, err := schema.Open(ctx, c)
+	db, err := schema.Open(ctx, c, schema.ReadCommitted)
 	servicetest.Must(t, err, "open schema")
 	t.Cleanup(func() { _ = db.Close() })
 	return db
