@@ -115,6 +115,7 @@ func run(ctx context.Context, args []string) error {
 		StateTTL:        cfg.Backend.StateCacheTTL.Duration,
 		OrderWaitMax:    cfg.Backend.OrderWaitMax.Duration,
 		MaxOrderWaiters: cfg.Backend.MaxOrderWaiters,
+		StockShards:     cfg.Backend.StockShards,
 		RecoveryMax:     cfg.Backend.ReservationTTL.Duration + cfg.Worker.QueuedExpireAfter.Duration,
 		GroupMax:        cfg.Backend.GroupMax,
 		GroupLinger:     cfg.Backend.GroupLinger.Duration,

@@ -56,6 +56,9 @@ type Backend struct {
 	// (one message carrying them, ordermsg.Batch: workers must decode it) or
 	// "each" (one message per order, as before the group commit).
 	GroupMessage string `toml:"group_message"`
+	// StockShards is the stock shard count of an activity created without
+	// "stock_shards" in its admin body (docs/scale-out.md).
+	StockShards int `toml:"stock_shards"`
 }
 
 // Group message forms ([backend] group_message).
@@ -91,6 +94,7 @@ func defaultBackend() Backend {
 		GroupMax:     64,
 		GroupLinger:  D(2 * time.Millisecond),
 		GroupMessage: GroupBatch,
+		StockShards:  1,
 	}
 }
 
@@ -123,6 +127,7 @@ func (b *Backend) validate(p *problems) {
 	if b.GroupMessage != GroupBatch && b.GroupMessage != GroupEach {
 		p.add("backend.group_message", "must be %q or %q, got %q", GroupBatch, GroupEach, b.GroupMessage)
 	}
+	checkRange(p, "backend.stock_shards", b.StockShards, 1, 64)
 	if b.PublishTimeout.Duration >= b.ReservationTTL.Duration {
 		p.add("backend.publish_timeout", "must be shorter than backend.reservation_ttl")
 	}

@@ -157,6 +157,7 @@ const (
 	EnvAMQPQueuePrefix  = "SECKILL_AMQP_PREFIX"
 	EnvWorkerPartitions = "SECKILL_WORKER_PARTITIONS" // "0,2"
 	EnvAMQPPartitions   = "SECKILL_AMQP_PARTITIONS"
+	EnvStockShards      = "SECKILL_STOCK_SHARDS"
 )
 
 func (c *Config) applyEnv(env func(string) string, p *problems) {
@@ -190,6 +191,13 @@ func (c *Config) applyEnv(env func(string) string, p *problems) {
 			p.add(EnvAMQPPartitions, "want a number, got %q", v)
 		}
 		c.RabbitMQ.Partitions = n
+	}
+	if v := env(EnvStockShards); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			p.add(EnvStockShards, "want a number, got %q", v)
+		}
+		c.Backend.StockShards = n
 	}
 	if v := env(EnvWorkerPartitions); v != "" {
 		c.Worker.Partitions = nil

@@ -115,6 +115,8 @@ func TestBadFiles(t *testing.T) {
 		{"bad listen", "[backend]\nlisten = \"8090\"", []string{"backend.listen: must be host:port"}},
 		{"bad redis url", "[redis]\nurl = \"http://x\"", []string{"redis.url:"}},
 		{"partitions", "[rabbitmq]\npartitions = 0", []string{"rabbitmq.partitions"}},
+		{"stock shards 0", "[backend]\nstock_shards = 0", []string{"backend.stock_shards"}},
+		{"stock shards 65", "[backend]\nstock_shards = 65", []string{"backend.stock_shards"}},
 		{"worker partition out of range", "[rabbitmq]\npartitions = 3\n[worker]\npartitions = [0, 3]", []string{"worker.partitions[1]: partition 3 does not exist: rabbitmq.partitions = 3 (0-2)"}},
 		{"worker partition twice", "[rabbitmq]\npartitions = 3\n[worker]\npartitions = [1, 1]", []string{"worker.partitions[1]: partition 1 listed twice"}},
 		{"dsn without db", "[mysql]\ndsn = \"root@tcp(127.0.0.1:3306)/\"", []string{"mysql.dsn: must name a database"}},
@@ -261,6 +263,21 @@ func FuzzParseKey(f *testing.F) {
 			t.Fatalf("%q: source %q", s, src)
 		}
 	})
+}
+
+func TestStockShardsOverride(t *testing.T) {
+	c, err := Parse("[backend]\nstock_shards = 2", func(k string) string { return map[string]string{EnvStockShards: "8"}[k] })
+	if err != nil || c.Backend.StockShards != 8 {
+		t.Errorf("stock_shards %d %v, want 8 from %s", c.Backend.StockShards, err, EnvStockShards)
+	}
+	if d, _ := Parse("", func(string) string { return "" }); d.Backend.StockShards != 1 {
+		t.Errorf("default stock_shards %d, want 1", d.Backend.StockShards)
+	}
+	for _, v := range []string{"x", "0", "65"} {
+		if _, err := Parse("", func(k string) string { return map[string]string{EnvStockShards: v}[k] }); err == nil {
+			t.Errorf("%s=%s accepted", EnvStockShards, v)
+		}
+	}
 }
 
 func TestPartitionOverrides(t *testing.T) {

@@ -19,7 +19,8 @@
 -- ARGV[1] user id, ARGV[2] idempotency key ("" for none), ARGV[3] quantity,
 -- ARGV[4] order id, chosen by the caller before the call, ARGV[5] reservation
 -- TTL in ms, ARGV[6] the sale's bucket count the caller named KEYS[4] and
--- KEYS[5] for (0: unbucketed)
+-- KEYS[5] for (0: unbucketed), ARGV[7] the sale's stock shards the caller
+-- chose this shard (and the order id) for (absent: 1)
 --
 -- Idempotent on the request: the caller picks the order id first, so a
 -- repeat of the same call (a lost reply, a client-side retry) finds its own
@@ -41,6 +42,9 @@
 --   {"not_found"}                            no sale in Redis (unknown or keys lost)
 --   {"buckets", n}                           the sale has n buckets, not ARGV[6]: nothing
 --                                            read or written; call again with KEYS for n
+--   {"shards", k}                            the sale has k stock shards, not ARGV[7]:
+--                                            nothing read or written; the user's home
+--                                            shard (and its order id) is chosen anew
 --   {"unsure", token}                        while recovering, a request that would reserve:
 --                                            its key may belong to an order still in the
 --                                            queue, and the units of those orders are not
@@ -56,4 +60,4 @@
 -- written before every check has passed.
 
 return reserve_one(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])

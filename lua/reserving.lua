@@ -4,22 +4,25 @@
 -- group commit). lua.go puts it (after record.lua) before both; it is not a
 -- script itself. Every check runs per request, in this order, reading the
 -- sale as the requests before it in the same call left it: the sale in Redis,
--- the bucket count, the idempotent repeat of its own order id, the
+-- the stock shard count, the bucket count, the idempotent repeat of its own order id, the
 -- idempotency key, the quantity, the sale window (Redis TIME), recovery, the
 -- per-user limit, the stock. Nothing is written before every check of the request has passed.
 --
 -- reserve_one(meta_key, deadlines_key, recovering_key, orders, users,
---             a_user, a_key, a_qty, a_oid, a_ttl, a_buckets)
+--             a_user, a_key, a_qty, a_oid, a_ttl, a_buckets, a_shards)
 --   meta_key, deadlines_key, recovering_key: the sale's meta, deadlines and
 --     recovering keys (reserve.lua's KEYS[1..3]); orders, users: the buckets of
 --     the order's record and of the user's entry (KEYS[4], KEYS[5]); a_user ..
---     a_buckets: reserve.lua's ARGV[1..6]. Returns reserve.lua's reply.
+--     a_shards: reserve.lua's ARGV[1..7] (a_shards nil: 1). Returns reserve.lua's reply.
 
 local function reserve_one(meta_key, deadlines_key, recovering_key, orders, users,
-                           a_user, a_key, a_qty, a_oid, a_ttl, a_buckets)
-  local meta = redis.call('HMGET', meta_key, 'total', 'sold', 'pending', 'limit', 'start', 'end', 'buckets')
+                           a_user, a_key, a_qty, a_oid, a_ttl, a_buckets, a_shards)
+  local meta = redis.call('HMGET', meta_key, 'total', 'sold', 'pending', 'limit', 'start', 'end', 'buckets', 'shards')
   if not meta[1] then
     return {'not_found'}
+  end
+  if (tonumber(meta[8]) or 1) ~= (tonumber(a_shards) or 1) then
+    return {'shards', tonumber(meta[8]) or 1}
   end
   local user, key, oid = a_user, a_key, a_oid
   local nb = tonumber(meta[7])

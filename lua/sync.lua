@@ -7,7 +7,8 @@
 --
 -- KEYS[1] meta, KEYS[2] deadlines (see reserve.lua; records and user entries
 -- are in the sale's buckets, record.lua)
--- ARGV[1] total stock (MySQL), ARGV[2] units sold (MySQL), ARGV[3] pub/sub
+-- ARGV[1] total stock (MySQL; "-" keeps the total: a stock shard's, which
+-- only moves, see reservation.Store.Sync), ARGV[2] units sold (MySQL), ARGV[3] pub/sub
 -- channel, ARGV[4] activity id, ARGV[5..] user id, units pairs (MySQL's
 -- per-user confirmed totals)
 --
@@ -19,7 +20,7 @@ local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending')
 if not cur[1] then
   return {'missing'}
 end
-local total, sold = tonumber(ARGV[1]), tonumber(ARGV[2])
+local total, sold = tonumber(ARGV[1]) or tonumber(cur[1]), tonumber(ARGV[2])
 local held = {}
 for i = 5, #ARGV, 2 do
   held[ARGV[i]] = (held[ARGV[i]] or 0) + tonumber(ARGV[i + 1])

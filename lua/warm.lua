@@ -10,7 +10,16 @@
 -- settings may be newer than the caller's unlocked read of MySQL),
 -- ARGV[7] pub/sub channel, ARGV[8] activity id, ARGV[9] generation (MySQL's
 -- activities.generation, bumped by every admin change; kept in meta "gen"),
--- ARGV[10..] user id, units pairs (MySQL's per-user totals) when flags has "u"
+-- ARGV[10] the sale's stock shards K (1: unsharded, as before shards),
+-- ARGV[11] the sale's stock (all shards), ARGV[12..] user id, units pairs
+-- (MySQL's per-user totals of the users homed on this shard) when flags has "u"
+--
+-- Stock shards (K > 1, reservation.Store.Warm): KEYS are one shard's, and
+-- ARGV[1] and ARGV[5] that shard's allotment and sold units when it is
+-- created. Flag "z" marks shard 0, which keeps the sale's stock ("stock") and
+-- takes an admin change of it as a delta on its own total; flag "s" marks
+-- another shard, whose total only moves (move_in.lua, allot.lua): an update
+-- changes its settings alone. Every shard's meta holds "shards" = K.
 --
 -- An archived sale (meta holds "archived": only the summary is left, see
 -- archive.lua) counts as missing for a newer generation — an admin change
@@ -40,7 +49,9 @@ local gen = tonumber(ARGV[9])
 if not gen then
   return {'bad_args'}
 end
-local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'archived', 'gen', 'buckets')
+local cur = redis.call('HMGET', KEYS[1], 'total', 'sold', 'pending', 'archived', 'gen', 'buckets', 'stock')
+local shards, stock = tonumber(ARGV[10]) or 1, tonumber(ARGV[11]) or total
+local zero, other = string.find(flags, 'z', 1, true), string.find(flags, 's', 1, true)
 -- A sale keeps its bucket count for life; one built now takes the count
 -- restore.lua chose before it (kept in meta, even in an archive's summary),
 -- else one from its stock.
@@ -58,10 +69,18 @@ if cur[1] and string.find(flags, 'c', 1, true) then
 end
 if cur[1] then
   local rsold, rpending = tonumber(cur[2]), tonumber(cur[3])
+  if zero then
+    total = tonumber(cur[1]) + stock - (tonumber(cur[7]) or stock)
+  elseif other then
+    total = tonumber(cur[1])
+  end
   if total < rsold + rpending then
     return {'conflict', rsold, rpending}
   end
   redis.call('HSET', KEYS[1], 'total', total, 'limit', limit, 'start', start_ms, 'end', end_ms, 'gen', gen)
+  if zero then
+    redis.call('HSET', KEYS[1], 'stock', stock)
+  end
   if total > tonumber(cur[1]) then
     redis.call('PUBLISH', ARGV[7], ARGV[8])
   end
@@ -83,7 +102,7 @@ orders_unbucketed(KEYS[1], nb)
 -- reservations that survived still hold units, so count them back in, or their
 -- later settle or release would drive pending below zero.
 local held = {}
-for i = 10, #ARGV, 2 do
+for i = 12, #ARGV, 2 do
   held[ARGV[i]] = (held[ARGV[i]] or 0) + tonumber(ARGV[i + 1])
 end
 local pending = open_recount(KEYS[1], nb, KEYS[2], held)
@@ -92,5 +111,11 @@ local pending = open_recount(KEYS[1], nb, KEYS[2], held)
 users_rebuild(KEYS[1], nb, held)
 redis.call('HSET', KEYS[1], 'total', total, 'sold', sold, 'pending', pending,
   'limit', limit, 'start', start_ms, 'end', end_ms, 'gen', gen, 'buckets', nb)
+if shards > 1 then
+  redis.call('HSET', KEYS[1], 'shards', shards)
+  if zero then
+    redis.call('HSET', KEYS[1], 'stock', stock)
+  end
+end
 redis.call('PUBLISH', ARGV[7], ARGV[8])
 return {'created'}

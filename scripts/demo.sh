@@ -11,7 +11,8 @@
 #   make demo QUICK=1    200 units, 4,000 users, 5 s rush (≤ 60 s in all; CI)
 #   make demo REDIS=cluster   the same on the local Redis Cluster (make cluster),
 #                        REDIS=sentinel on the local Sentinel set, both with
-#                        2 order-queue partitions
+#                        2 order-queue partitions and the sale's stock in 4
+#                        shards (SECKILL_STOCK_SHARDS)
 #
 # Environment: QUICK=1, DEMO_OUT (default out/demo), STACK_KEEP=1 (keep the
 # database, keys and queues), DEMO_NO_BUILD=1 (skip make build / services),
@@ -74,7 +75,8 @@ cluster | sentinel)
 	SECKILL_REDIS_URL=$(scripts/redis-engines.sh "$REDIS" start | tail -1) || { echo "demo: the local Redis $REDIS did not start" >&2; exit 2; }
 	export SECKILL_REDIS_URL
 	export SECKILL_AMQP_PARTITIONS=${SECKILL_AMQP_PARTITIONS:-2}
-	stack_log "Redis: $SECKILL_REDIS_URL; order queues: $SECKILL_AMQP_PARTITIONS partitions"
+	export SECKILL_STOCK_SHARDS=${SECKILL_STOCK_SHARDS:-4}
+	stack_log "Redis: $SECKILL_REDIS_URL; order queues: $SECKILL_AMQP_PARTITIONS partitions; stock shards: $SECKILL_STOCK_SHARDS"
 	;;
 *) echo "demo: REDIS must be cluster or sentinel, got \"$REDIS\"" >&2; exit 2 ;;
 esac

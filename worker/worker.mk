@@ -51,6 +51,13 @@ chaos: services
 		status=1; cat $(CHAOS_OUT)/proxy.log; \
 		printf 'proxy: redis down/paused/slow × on_redis_error local/open/closed (edge.TestRedisFaults)\t-\t-\t-\t-\t-\t-\t-\tFAIL\n' >> $(CHAOS_OUT)/rows.tsv; \
 	fi; \
+	if SECKILL_CHAOS=1 $(GO) test -race -count=1 -timeout 20m -run 'TestShardsHotBurst|TestShardedSaleNoFalseSoldOut' \
+			./internal/reservation ./e2e > $(CHAOS_OUT)/shards.log 2>&1; then \
+		printf 'stock shards: 1,000 units in 8 shards, 20,000 buyers all on one shard and spread (no false sold out)\t-\t-\t-\t-\t-\t-\t-\tok\n' >> $(CHAOS_OUT)/rows.tsv; \
+	else \
+		status=1; grep -E '^(--- FAIL|FAIL|panic)|shards_test' $(CHAOS_OUT)/shards.log || true; \
+		printf 'stock shards: the full forms (log: $(CHAOS_OUT)/shards.log)\t-\t-\t-\t-\t-\t-\t-\tFAIL\n' >> $(CHAOS_OUT)/rows.tsv; \
+	fi; \
 	was=; scripts/redis-engines.sh cluster url >/dev/null 2>&1 && was=1; \
 	if url=$$(scripts/redis-engines.sh cluster start | tail -1) && \
 		SECKILL_TEST_REDIS_URL=$$url SECKILL_TEST_REDIS_CLUSTER_URL=$$url $(GO) test -race -count=1 -timeout 20m \

@@ -16,7 +16,10 @@ func FuzzDecode(f *testing.F) {
 	good, _ := o.Encode()
 	for _, s := range []string{string(good), `{"v":1,"order_id":`, `{}`, `null`, `[]`,
 		`{"v":1,"order_id":"x","activity_id":42,"user_id":"u","quantity":0}`,
-		`{"v":1,"order_id":"42-a","activity_id":42,"user_id":"u\n","quantity":1,"extra":1}`} {
+		`{"v":1,"order_id":"42-a","activity_id":42,"user_id":"u\n","quantity":1,"extra":1}`,
+		`{"v":1,"order_id":"` + NewShardOrderID(42, 7, 8) + `","activity_id":42,"user_id":"u","quantity":1}`,
+		`{"v":1,"order_id":"42.0.8-` + NewOrderID(42)[3:] + `","activity_id":42,"user_id":"u","quantity":1}`,
+		`{"v":1,"order_id":"42.64.65-` + NewOrderID(42)[3:] + `","activity_id":42,"user_id":"u","quantity":1}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {

@@ -104,11 +104,27 @@ var b32 = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(bas
 
 // NewOrderID returns a fresh order id of activity id: "<id>-<26 random chars>".
 // The activity id inside lets a lookup find the sale's keys without an index.
-func NewOrderID(activityID int64) string {
+func NewOrderID(activityID int64) string { return NewShardOrderID(activityID, 0, 1) }
+
+// MaxShards bounds a sale's stock shards (reservation's layout).
+const MaxShards = 64
+
+// NewShardOrderID returns a fresh order id of stock shard shard of a sale
+// of shards shards: "<id>-<26 random chars>" for shard 0 (whose keys are the
+// unsharded sale's), else "<id>.<shard>.<shards>-<26 random chars>": a
+// shard's keys depend on both (reservation.ShardTag), so a lookup finds them
+// from the id alone.
+func NewShardOrderID(activityID int64, shard, shards int) string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand never fails on Linux
-	buf := make([]byte, 0, 48)
+	buf := make([]byte, 0, 56)
 	buf = strconv.AppendInt(buf, activityID, 10)
+	if shard > 0 {
+		buf = append(buf, '.')
+		buf = strconv.AppendInt(buf, int64(shard), 10)
+		buf = append(buf, '.')
+		buf = strconv.AppendInt(buf, int64(shards), 10)
+	}
 	buf = append(buf, '-')
 	buf = append(buf, b32.EncodeToString(b[:])...)
 	return string(buf)
@@ -117,20 +133,56 @@ func NewOrderID(activityID int64) string {
 // ActivityOf returns the activity id of an order id, or an error if id is not
 // an order id.
 func ActivityOf(orderID string) (int64, error) {
+	id, _, _, err := Parse(orderID)
+	return id, err
+}
+
+// ShardOf returns the stock shard an order id names and the sale's shard
+// count it names (0 and 0 for the unsharded form: shard 0, whatever the
+// count), or an error if id is not an order id.
+func ShardOf(orderID string) (shard, shards int, err error) {
+	_, shard, shards, err = Parse(orderID)
+	return shard, shards, err
+}
+
+// Parse returns the activity id, the stock shard and the shard count of an
+// order id (see NewShardOrderID).
+func Parse(orderID string) (activityID int64, shard, shards int, err error) {
+	bad := func() (int64, int, int, error) { return 0, 0, 0, fmt.Errorf("not an order id: %q", orderID) }
 	i := strings.IndexByte(orderID, '-')
 	if i <= 0 || len(orderID) > 64 || len(orderID)-i-1 != 26 {
-		return 0, fmt.Errorf("not an order id: %q", orderID)
+		return bad()
 	}
-	id, err := strconv.ParseInt(orderID[:i], 10, 64)
-	if err != nil || id <= 0 || orderID[0] == '0' || orderID[0] == '+' {
-		return 0, fmt.Errorf("not an order id: %q", orderID)
+	head := orderID[:i]
+	if j := strings.IndexByte(head, '.'); j >= 0 {
+		ks, ns, ok := strings.Cut(head[j+1:], ".")
+		k, ok1 := canonical(ks)
+		n, ok2 := canonical(ns)
+		if !ok || !ok1 || !ok2 || k < 1 || k >= n || n > MaxShards {
+			return bad()
+		}
+		shard, shards, head = k, n, head[:j]
+	}
+	id, err := strconv.ParseInt(head, 10, 64)
+	if err != nil || id <= 0 || head[0] == '0' || head[0] == '+' {
+		return bad()
 	}
 	for _, c := range orderID[i+1:] {
 		if !strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", c) {
-			return 0, fmt.Errorf("not an order id: %q", orderID)
+			return bad()
 		}
 	}
-	return id, nil
+	return id, shard, shards, nil
+}
+
+// canonical parses a positive decimal without sign or leading zero (one
+// order id per order).
+func canonical(s string) (int, bool) {
+	if s == "" || len(s) > 2 || s[0] < '1' || s[0] > '9' {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil
 }
 
 // Time converts a message timestamp.

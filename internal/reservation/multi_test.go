@@ -2,9 +2,11 @@ package reservation_test
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -270,5 +272,130 @@ func TestMarkQueuedMany(t *testing.T) {
 	}
 	if rec, _, _ := st.Order(context.Background(), 331, a.OrderID); !rec.Queued {
 		t.Errorf("record %+v not queued", rec)
+	}
+}
+
+// TestReserveMultiOnAShardOfASplitSale: groups on one shard of a sale split
+// over 4 shards, whose home shard runs empty while the others have units.
+// A request the shard answers sold_out or insufficient goes again alone
+// through Reserve, which moves units in first: the first group (more than
+// the shard holds, its last request asking 2 of the 1 left) is reserved
+// whole; then concurrent groups sell the rest, every request ends reserved
+// or truly sold out (none reserved after the first sold-out answer, exactly
+// the stock reserved). A group chosen for another shard count is refused
+// with ErrShards, nothing reserved.
+func TestReserveMultiOnAShardOfASplitSale(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	const id, shards, stock = 341, 4, 40
+	warmShards(t, st, rdb, id, stock, 2, shards)
+	ctx := context.Background()
+	users := usersOn(2, shards, 60, "g")
+	request := func(u string, qty int64) reservation.Request {
+		home, err := st.Home(ctx, id, u)
+		servicetest.Must(t, err, "home of %s", u)
+		if home.Shard != 2 {
+			t.Fatalf("user %s homed on shard %d, want 2", u, home.Shard)
+		}
+		return reservation.Request{ActivityID: id, UserID: u, Quantity: qty,
+			OrderID: ordermsg.NewShardOrderID(id, home.Shard, home.Shards), TTL: ttl, Keys: home}
+	}
+
+	// Stale shard count: the whole group refused.
+	stale := request(users[0], 1)
+	stale.Keys = st.ShardKeys(id, 0, 1)
+	stale.OrderID = ordermsg.NewOrderID(id)
+	if _, _, err := st.ReserveMulti(ctx, []reservation.Request{stale, stale}); !errors.Is(err, reservation.ErrShards) {
+		t.Fatalf("group for 1 shard on a sale of %d: %v, want ErrShards", shards, err)
+	}
+
+	// Shard 2 holds 10: 9 of 1, then 2 of the 1 left (insufficient on the
+	// shard), then 2 more of 1 (sold out on the shard).
+	first := make([]reservation.Request, 12)
+	for i := range first {
+		qty := int64(1)
+		if i == 9 {
+			qty = 2
+		}
+		first[i] = request(users[i], qty)
+	}
+	got, errs, err := st.ReserveMulti(ctx, first)
+	servicetest.Must(t, err, "first group")
+	held := int64(0)
+	for i := range first {
+		if errs[i] != nil || got[i].Outcome != reservation.Reserved {
+			t.Fatalf("first group, request %d (qty %d): %+v %v, want reserved", i, first[i].Quantity, got[i], errs[i])
+		}
+		held += first[i].Quantity
+	}
+
+	// The rest in groups of 6, 4 groups at once, every user once.
+	var (
+		mu        sync.Mutex
+		reserved  = held
+		soldOut   int
+		firstSold time.Time
+		okStarts  []time.Time
+		work      = make(chan []string)
+		wg        sync.WaitGroup
+	)
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for us := range work {
+				rs := make([]reservation.Request, len(us))
+				for i, u := range us {
+					rs[i] = request(u, 1)
+				}
+				start := time.Now()
+				got, errs, err := st.ReserveMulti(ctx, rs)
+				done := time.Now()
+				mu.Lock()
+				for i := range rs {
+					switch {
+					case err != nil:
+						t.Errorf("group: %v", err)
+					case errs[i] != nil:
+						t.Errorf("request of %s: %v", us[i], errs[i])
+					case got[i].Outcome == reservation.Reserved:
+						reserved++
+						okStarts = append(okStarts, start)
+					case got[i].Outcome == reservation.SoldOut:
+						soldOut++
+						if firstSold.IsZero() || done.Before(firstSold) {
+							firstSold = done
+						}
+					default:
+						t.Errorf("request of %s: %+v", us[i], got[i])
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	rest := users[len(first):]
+	for i := 0; i < len(rest); i += 6 {
+		work <- rest[i:min(i+6, len(rest))]
+	}
+	close(work)
+	wg.Wait()
+	if reserved != stock {
+		t.Errorf("reserved %d units, want exactly %d", reserved, stock)
+	}
+	if want := len(rest) - (stock - int(held)); soldOut != want {
+		t.Errorf("%d sold out, want %d", soldOut, want)
+	}
+	for _, s := range okStarts {
+		if !firstSold.IsZero() && s.After(firstSold) {
+			t.Errorf("false sold out: a group started at %v after the first sold out (%v) reserved", s, firstSold)
+		}
+	}
+	if s := meta(t, st, id); s.Pending != stock || s.Available() != 0 {
+		t.Errorf("view = %+v, want %d pending, none available", s, stock)
+	}
+	if got, ok, err := st.Allotted(ctx, id); err != nil || !ok || got != stock {
+		t.Errorf("Allotted = %d %v %v, want %d", got, ok, err, stock)
 	}
 }

@@ -15,18 +15,18 @@ import (
 // call (a lost round trip is every order's; a script the node does not hold
 // is sent once more by source).
 func (s *Store) MarkQueuedMany(ctx context.Context, activityID int64, orderIDs []string) (marked []bool, errs []error) {
-	keys := []string{s.Keys(activityID).Meta}
 	p := s.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(orderIDs))
 	for i, oid := range orderIDs {
-		cmds[i] = lua.Queued.EvalSha(ctx, p, keys, oid)
+		// The meta of the shard the order id names, as MarkQueued's.
+		cmds[i] = lua.Queued.EvalSha(ctx, p, []string{s.orderKeys(activityID, oid).Meta}, oid)
 	}
 	_, _ = p.Exec(ctx) // each command holds its own error
 	marked = make([]bool, len(orderIDs))
 	errs = make([]error, len(orderIDs))
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			cmd = lua.Queued.Eval(ctx, s.rdb, keys, orderIDs[i])
+			cmd = lua.Queued.Eval(ctx, s.rdb, []string{s.orderKeys(activityID, orderIDs[i]).Meta}, orderIDs[i])
 		}
 		n, err := cmd.Int64()
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,10 @@ type Keys struct {
 	Recovering string
 	// Base is what every key of the sale starts with ("<prefix>{act:ID}:").
 	Base string
+	// Shard is the stock shard these keys name (0: {act:ID}, k: {act:ID:k};
+	// see shards.go), Shards the sale's shard count they were chosen for (0
+	// when not known: any).
+	Shard, Shards int
 }
 
 // KeysFor returns the keys of activity id under prefix.
@@ -154,6 +159,7 @@ type Client interface {
 	SRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	SMembers(ctx context.Context, key string) *redis.StringSliceCmd
 	ZRangeByScore(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.StringSliceCmd
+	ZRangeByScoreWithScores(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.ZSliceCmd
 	ZCard(ctx context.Context, key string) *redis.IntCmd
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
 	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
@@ -168,10 +174,17 @@ type Client interface {
 type Store struct {
 	rdb    Client
 	prefix string
-	// buckets caches each sale's bucket count (activity id -> int64) for
+	// buckets caches each shard's bucket count (meta key -> int64) for
 	// Reserve, which names its buckets in KEYS; reserve.lua refuses a stale
 	// count, and the count changes only when a sale is built anew.
 	buckets sync.Map
+	// shards caches each sale's stock shard count (activity id -> int),
+	// which reserve.lua checks too.
+	shards sync.Map
+	// moveHook, when set (tests), runs between the steps of a move between
+	// shards ("out": the donor gave units up; "in": the recipient added
+	// them); an error abandons the move there, as a process dying would.
+	moveHook func(stage string) error
 }
 
 // New returns a store; prefix isolates stacks that share a Redis.
@@ -186,7 +199,13 @@ func (s *Store) Keys(id int64) Keys { return KeysFor(s.prefix, id) }
 // Buckets reads the bucket count of a sale from its meta; 0 when it has
 // none (a sale without buckets, or not in Redis: see Keys.Hash).
 func (s *Store) Buckets(ctx context.Context, activityID int64) (int64, error) {
-	v, err := s.rdb.HGet(ctx, s.Keys(activityID).Meta, "buckets").Result()
+	return s.bucketsOf(ctx, activityID, s.Keys(activityID))
+}
+
+// bucketsOf reads the bucket count of one shard (each has its own, chosen
+// from its allotment).
+func (s *Store) bucketsOf(ctx context.Context, activityID int64, k Keys) (int64, error) {
+	v, err := s.rdb.HGet(ctx, k.Meta, "buckets").Result()
 	if errors.Is(err, redis.Nil) {
 		return 0, nil
 	}
@@ -203,26 +222,47 @@ func (s *Store) Buckets(ctx context.Context, activityID int64) (int64, error) {
 // OrderHash and UserHash name the hash holding order oid's record and user
 // uid's entry in the sale as it is now.
 func (s *Store) OrderHash(ctx context.Context, activityID int64, oid string) (string, error) {
-	n, err := s.Buckets(ctx, activityID)
-	return s.Keys(activityID).Order(n, oid), err
+	k := s.orderKeys(activityID, oid)
+	n, err := s.bucketsOf(ctx, activityID, k)
+	return k.Order(n, oid), err
 }
 
 func (s *Store) UserHash(ctx context.Context, activityID int64, uid string) (string, error) {
-	n, err := s.Buckets(ctx, activityID)
-	return s.Keys(activityID).User(n, uid), err
+	k, err := s.home(ctx, activityID, uid)
+	if err != nil {
+		return "", err
+	}
+	n, err := s.bucketsOf(ctx, activityID, k)
+	return k.User(n, uid), err
+}
+
+// home is the user's home shard as Redis holds the sale now.
+func (s *Store) home(ctx context.Context, activityID int64, uid string) (Keys, error) {
+	n, err := s.Shards(ctx, activityID)
+	if err != nil {
+		return Keys{}, err
+	}
+	return s.ShardKeys(activityID, HomeShard(uid, n), n), nil
 }
 
 // SaleKeys lists every key activity id may hold in Redis now (its meta,
 // deadlines, recovering mark, and every hash of its records and users).
 func (s *Store) SaleKeys(ctx context.Context, activityID int64) ([]string, error) {
-	n, err := s.Buckets(ctx, activityID)
+	shards, err := s.allShards(ctx, activityID)
 	if err != nil {
 		return nil, err
 	}
-	k := s.Keys(activityID)
-	out := []string{k.Meta, k.Deadlines, k.Recovering}
-	out = append(out, k.Hashes(OrderBuckets, n)...)
-	return append(out, k.Hashes(UserBuckets, n)...), nil
+	var out []string
+	for _, k := range shards {
+		n, err := s.bucketsOf(ctx, activityID, k)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k.Meta, k.Deadlines, k.Recovering)
+		out = append(out, k.Hashes(OrderBuckets, n)...)
+		out = append(out, k.Hashes(UserBuckets, n)...)
+	}
+	return out, nil
 }
 
 // Outcome of a reservation attempt.
@@ -260,6 +300,10 @@ type Request struct {
 	// id answers Reserved again without reserving twice.
 	OrderID string
 	TTL     time.Duration
+	// Keys are the user's home shard (Store.Home), for which OrderID was
+	// named; zero: the shard OrderID names, in the sale as this store last
+	// read it.
+	Keys Keys
 }
 
 // Result of Reserve. Fields beyond Outcome are set where the outcome has them.
@@ -279,42 +323,118 @@ type Result struct {
 // ErrScript reports a script answer that does not fit its documented shape.
 var ErrScript = errors.New("unexpected script reply")
 
-// RequestKeys are the keys of the sale shard request r reserves in: the
-// backend's group commit gathers the requests of one shard (equal
-// RequestKeys) into one ReserveMulti. Today a sale is one shard.
-func (s *Store) RequestKeys(r Request) Keys { return s.Keys(r.ActivityID) }
+// Reserve checks and reserves in one round trip on the user's home shard.
+// When that shard has too few units and the sale has others, units move
+// into it (Rebalance) and it is asked again: SoldOut (or Insufficient) is
+// answered only once no other shard had a unit to give. ErrShards: the sale
+// has another shard count than r.Keys was chosen for; nothing was reserved.
+func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
+	k, err := s.requestKeys(ctx, r)
+	if err != nil {
+		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+	}
+	for moves := 0; ; moves++ {
+		res, err := s.reserveOn(ctx, r, k)
+		if err != nil || k.Shards <= 1 {
+			return res, err
+		}
+		need := r.Quantity
+		switch res.Outcome {
+		case SoldOut:
+		case Insufficient:
+			need -= res.Available
+		default:
+			return res, nil
+		}
+		if moves >= 4*k.Shards+4 {
+			// Units kept moving under this request: not known to be sold
+			// out, and nothing reserved.
+			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, ErrMoving)
+		}
+		n, mv, err := s.rebalance(ctx, r.ActivityID, k.Shard, k.Shards, need)
+		if err != nil {
+			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+		}
+		if n > 0 {
+			continue
+		}
+		// No donor had a unit; units in motion meanwhile (into a shard
+		// already asked, or into this one) are not sold out.
+		out, err := s.soldOut(ctx, r.ActivityID, k.Shards, mv)
+		if err != nil {
+			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+		}
+		if out && res.Outcome == SoldOut {
+			return res, nil
+		}
+		if out || res.Outcome == Insufficient {
+			// Insufficient: the units left anywhere are fewer than asked.
+			sale, _, err := s.Sale(ctx, r.ActivityID)
+			if err != nil {
+				return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
+			}
+			if out || sale.Available() < r.Quantity {
+				res.Available = sale.Available()
+				if res.Available == 0 {
+					res.Outcome = SoldOut
+				}
+				return res, nil
+			}
+		}
+	}
+}
 
-// bucketCount returns the cached bucket count of a sale, reading it on first
-// use in this process rather than guess, so that the reserve sent is the one
-// that runs (a late copy of a guessed one would only be answered "buckets").
-func (s *Store) bucketCount(ctx context.Context, activityID int64) (int64, error) {
-	if c, ok := s.buckets.Load(activityID); ok {
+// requestKeys are the keys of the shard r reserves in: r.Keys (Store.Home),
+// or when zero the shard r.OrderID names, for the shard count this store
+// last read.
+func (s *Store) requestKeys(ctx context.Context, r Request) (Keys, error) {
+	if r.Keys.Meta != "" {
+		return r.Keys, nil
+	}
+	k := s.orderKeys(r.ActivityID, r.OrderID)
+	n, err := s.cachedShards(ctx, r.ActivityID)
+	if err != nil {
+		return Keys{}, err
+	}
+	k.Shards = n
+	return k, nil
+}
+
+// bucketCount returns the cached bucket count of shard k, reading it on
+// first use in this process rather than guess, so that the reserve sent is
+// the one that runs (a late copy of a guessed one would only be answered
+// "buckets").
+func (s *Store) bucketCount(ctx context.Context, activityID int64, k Keys) (int64, error) {
+	if c, ok := s.buckets.Load(k.Meta); ok {
 		return c.(int64), nil
 	}
-	n, err := s.Buckets(ctx, activityID)
+	n, err := s.bucketsOf(ctx, activityID, k)
 	if err != nil {
 		return 0, err
 	}
-	s.buckets.Store(activityID, n)
+	s.buckets.Store(k.Meta, n)
 	return n, nil
 }
 
-// Reserve checks and reserves in one round trip.
-func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
-	k := s.RequestKeys(r)
-	n, err := s.bucketCount(ctx, r.ActivityID)
+// reserveOn runs reserve.lua once on shard k.
+func (s *Store) reserveOn(ctx context.Context, r Request, k Keys) (Result, error) {
+	n, err := s.bucketCount(ctx, r.ActivityID, k)
 	if err != nil {
 		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
 	}
 	var v []any
 	for try := 0; ; try++ {
 		v, err = lua.Reserve.Run(ctx, s.rdb, k.ReserveKeys(n, r.UserID, r.OrderID),
-			r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds(), n).Slice()
+			r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds(), n, max(k.Shards, 1)).Slice()
 		if err != nil {
 			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
 		}
 		if len(v) == 0 {
 			return Result{}, fmt.Errorf("reserve activity %d: %w: empty", r.ActivityID, ErrScript)
+		}
+		if str(v[0]) == "shards" {
+			s.shards.Store(r.ActivityID, max(int(num(at(v, 1))), 1))
+			return Result{}, fmt.Errorf("reserve activity %d: %w: %d, not %d", r.ActivityID, ErrShards, num(at(v, 1)), k.Shards)
 		}
 		// The sale has another bucket count than the cache's (first use,
 		// or a sale built anew): once more with its count.
@@ -322,29 +442,40 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 			break
 		}
 		n = num(at(v, 1))
-		s.buckets.Store(r.ActivityID, n)
+		s.buckets.Store(k.Meta, n)
 	}
 	return reserveResult(r, v)
 }
 
-// ReserveMulti is Reserve for a group of requests of one shard (equal
-// RequestKeys, one TTL) in one round trip (lua/reserve_multi.lua): every
-// request is checked on its own, in order, each seeing what the ones before
-// it reserved, and gets its own Result, or its own error where the script's
-// reply to it does not fit. err is for the whole call (nothing known of any
-// request: each may or may not have been reserved).
+// ReserveMulti is Reserve for a group of requests of one shard (equal Keys,
+// as Store.Home gave them, and one TTL) in one round trip
+// (lua/reserve_multi.lua): every request is checked on its own, in order,
+// each seeing what the ones before it reserved, and gets its own Result, or
+// its own error where the script's reply to it does not fit. A request the
+// shard of a sharded sale answers SoldOut or Insufficient is sent again alone
+// through Reserve, which moves units in from the other shards first: a group
+// answers sold out only as Reserve would. err is for the whole call (nothing
+// known of any request: each may or may not have been reserved); ErrShards:
+// the sale has another shard count than the Keys were chosen for, and
+// nothing was reserved.
 func (s *Store) ReserveMulti(ctx context.Context, rs []Request) ([]Result, []error, error) {
 	if len(rs) == 0 {
 		return nil, nil, nil
 	}
-	k := s.RequestKeys(rs[0])
+	id := rs[0].ActivityID
+	k, err := s.requestKeys(ctx, rs[0])
+	if err != nil {
+		return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w", len(rs), id, err)
+	}
 	for _, r := range rs[1:] {
-		if s.RequestKeys(r) != k || r.TTL != rs[0].TTL {
-			return nil, nil, fmt.Errorf("reserve %d requests: of more than one shard or TTL (%s, %s)", len(rs), k.Meta, s.RequestKeys(r).Meta)
+		if r.ActivityID != id || r.Keys != rs[0].Keys || r.TTL != rs[0].TTL {
+			return nil, nil, fmt.Errorf("reserve %d requests: of more than one shard or TTL (%s, %s)", len(rs), rs[0].Keys.Meta, r.Keys.Meta)
+		}
+		if r.Keys.Meta == "" && shardOf(r.OrderID) != shardOf(rs[0].OrderID) {
+			return nil, nil, fmt.Errorf("reserve %d requests: order ids of more than one shard (%s, %s)", len(rs), rs[0].OrderID, r.OrderID)
 		}
 	}
-	id := rs[0].ActivityID
-	n, err := s.bucketCount(ctx, id)
+	n, err := s.bucketCount(ctx, id, k)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w", len(rs), id, err)
 	}
@@ -352,8 +483,8 @@ func (s *Store) ReserveMulti(ctx context.Context, rs []Request) ([]Result, []err
 	for try := 0; ; try++ {
 		keys := make([]string, 0, 3+2*len(rs))
 		keys = append(keys, k.Meta, k.Deadlines, k.Recovering)
-		args := make([]any, 0, 2+4*len(rs))
-		args = append(args, rs[0].TTL.Milliseconds(), n)
+		args := make([]any, 0, 3+4*len(rs))
+		args = append(args, rs[0].TTL.Milliseconds(), n, max(k.Shards, 1))
 		for _, r := range rs {
 			keys = append(keys, k.Order(n, r.OrderID), k.User(n, r.UserID))
 			args = append(args, r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID)
@@ -365,17 +496,23 @@ func (s *Store) ReserveMulti(ctx context.Context, rs []Request) ([]Result, []err
 		if len(v) != len(rs) {
 			return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w: %d replies", len(rs), id, ErrScript, len(v))
 		}
-		// A stale count is answered to every request alike (nothing done):
-		// once more with the sale's count.
+		// A stale shard or bucket count is answered to every request alike
+		// (nothing done). Shards: the caller chooses the home shard anew;
+		// buckets: once more with the shard's count.
 		first, _ := v[0].([]any)
+		if str(at(first, 0)) == "shards" {
+			s.shards.Store(id, max(int(num(at(first, 1))), 1))
+			return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w: %d, not %d", len(rs), id, ErrShards, num(at(first, 1)), k.Shards)
+		}
 		if str(at(first, 0)) != "buckets" || try > 0 {
 			break
 		}
 		n = num(at(first, 1))
-		s.buckets.Store(id, n)
+		s.buckets.Store(k.Meta, n)
 	}
 	out := make([]Result, len(rs))
 	errs := make([]error, len(rs))
+	soldOut := false // Reserve found no unit on any shard for one of them
 	for i, x := range v {
 		rv, _ := x.([]any)
 		if len(rv) == 0 {
@@ -383,6 +520,21 @@ func (s *Store) ReserveMulti(ctx context.Context, rs []Request) ([]Result, []err
 			continue
 		}
 		out[i], errs[i] = reserveResult(rs[i], rv)
+		if errs[i] != nil || k.Shards <= 1 || (out[i].Outcome != SoldOut && out[i].Outcome != Insufficient) {
+			continue
+		}
+		if soldOut {
+			// No shard had a unit during this call: sold out for this
+			// request too, as Reserve would have answered it.
+			out[i] = Result{Outcome: SoldOut}
+			continue
+		}
+		// This shard's answer alone: the units of the others move in first.
+		// Safe to send again: nothing was reserved under its order id.
+		r := rs[i]
+		r.Keys = k
+		out[i], errs[i] = s.Reserve(ctx, r)
+		soldOut = errs[i] == nil && out[i].Outcome == SoldOut
 	}
 	return out, errs, nil
 }
@@ -445,7 +597,7 @@ const (
 
 // Release gives a still-pending reservation back and marks it failed with reason.
 func (s *Store) Release(ctx context.Context, activityID int64, orderID, reason string) (ReleaseOutcome, error) {
-	k := s.Keys(activityID)
+	k := s.orderKeys(activityID, orderID)
 	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines},
 		orderID, reason, Channel(s.prefix), activityID).Slice()
 	if err != nil {
@@ -461,7 +613,7 @@ func (s *Store) Release(ctx context.Context, activityID int64, orderID, reason s
 // its way) a tombstone is left that the late reserve refuses. So "released"
 // means: nothing is, or ever will be, reserved under orderID.
 func (s *Store) Undo(ctx context.Context, activityID int64, orderID, reason, userID, idemKey string) (ReleaseOutcome, error) {
-	k := s.Keys(activityID)
+	k := s.orderKeys(activityID, orderID)
 	v, err := lua.Release.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines},
 		orderID, reason, Channel(s.prefix), activityID, idemKey, userID).Slice()
 	if err != nil {
@@ -473,7 +625,7 @@ func (s *Store) Undo(ctx context.Context, activityID int64, orderID, reason, use
 // MarkQueued notes on an order's record that the broker confirmed its
 // message (lua/queued.lua); it reports whether the record was marked.
 func (s *Store) MarkQueued(ctx context.Context, activityID int64, orderID string) (bool, error) {
-	n, err := lua.Queued.Run(ctx, s.rdb, []string{s.Keys(activityID).Meta}, orderID).Int64()
+	n, err := lua.Queued.Run(ctx, s.rdb, []string{s.orderKeys(activityID, orderID).Meta}, orderID).Int64()
 	if err != nil {
 		return false, fmt.Errorf("mark order %s queued: %w", orderID, err)
 	}
@@ -485,22 +637,24 @@ func (s *Store) Claim(ctx context.Context, activityID int64, orderIDs []string) 
 	if len(orderIDs) == 0 {
 		return nil, nil
 	}
-	args := make([]any, len(orderIDs))
-	for i, id := range orderIDs {
-		args[i] = id
-	}
-	v, err := lua.Claim.Run(ctx, s.rdb, []string{s.Keys(activityID).Meta}, args...).StringSlice()
-	if err != nil {
-		return nil, fmt.Errorf("claim %d orders of activity %d: %w", len(orderIDs), activityID, err)
-	}
-	if len(v) != len(orderIDs) {
-		return nil, fmt.Errorf("claim: %w: %d states for %d orders", ErrScript, len(v), len(orderIDs))
-	}
-	out := make([]State, len(v))
-	for i, st := range v {
-		out[i] = Unknown
-		if st != "" {
-			out[i] = State(st[0])
+	out := make([]State, len(orderIDs))
+	for sh, idx := range byShard(orderIDs) {
+		args := make([]any, len(idx))
+		for j, i := range idx {
+			args[j] = orderIDs[i]
+		}
+		v, err := lua.Claim.Run(ctx, s.rdb, []string{s.keysOf(activityID, sh).Meta}, args...).StringSlice()
+		if err != nil {
+			return nil, fmt.Errorf("claim %d orders of activity %d: %w", len(idx), activityID, err)
+		}
+		if len(v) != len(idx) {
+			return nil, fmt.Errorf("claim: %w: %d states for %d orders", ErrScript, len(v), len(idx))
+		}
+		for j, st := range v {
+			out[idx[j]] = Unknown
+			if st != "" {
+				out[idx[j]] = State(st[0])
+			}
 		}
 	}
 	return out, nil
@@ -520,21 +674,30 @@ func (s *Store) Settle(ctx context.Context, activityID int64, orders []Settlemen
 	if len(orders) == 0 {
 		return 0, nil
 	}
-	k := s.Keys(activityID)
-	args := make([]any, 0, 3+5*len(orders))
-	args = append(args, Channel(s.prefix), activityID, OrderChannel(s.prefix))
-	for _, o := range orders {
-		outcome := "F"
-		if o.Confirmed {
-			outcome = "K"
+	ids := make([]string, len(orders))
+	for i, o := range orders {
+		ids[i] = o.OrderID
+	}
+	var changed int64
+	for sh, idx := range byShard(ids) {
+		k := s.keysOf(activityID, sh)
+		args := make([]any, 0, 3+5*len(idx))
+		args = append(args, Channel(s.prefix), activityID, OrderChannel(s.prefix))
+		for _, i := range idx {
+			o := orders[i]
+			outcome := "F"
+			if o.Confirmed {
+				outcome = "K"
+			}
+			args = append(args, o.OrderID, outcome, o.Reason, o.Quantity, o.UserID)
 		}
-		args = append(args, o.OrderID, outcome, o.Reason, o.Quantity, o.UserID)
+		n, err := lua.Settle.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines}, args...).Int64()
+		if err != nil {
+			return changed, fmt.Errorf("settle %d orders of activity %d: %w", len(idx), activityID, err)
+		}
+		changed += n
 	}
-	n, err := lua.Settle.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines}, args...).Int64()
-	if err != nil {
-		return 0, fmt.Errorf("settle %d orders of activity %d: %w", len(orders), activityID, err)
-	}
-	return n, nil
+	return changed, nil
 }
 
 // Sale is the Redis view of one activity.
@@ -545,6 +708,8 @@ type Sale struct {
 	Gen int64
 	// Archived: only the summary is left (see lua/archive.lua).
 	Archived bool
+	// Shards is the sale's stock shard count (1: unsharded).
+	Shards int
 }
 
 // Available is what Redis would still sell.
@@ -567,6 +732,9 @@ type WarmArgs struct {
 	CreateOnly bool
 	// Gen is MySQL's activities.generation of the row these facts are from.
 	Gen int64
+	// Shards is the sale's stock shard count (0 or 1: unsharded); fixed
+	// for the activity's life (MySQL's activities.stock_shards).
+	Shards int
 }
 
 // WarmOutcome tells what Warm did.
@@ -585,18 +753,149 @@ const (
 
 // Warm creates or updates a sale in Redis. On WarmConflict the returned Sale
 // carries Redis's sold and pending.
+//
+// A sharded sale is warmed shard by shard (lua/warm.lua, flags "z" and
+// "s"): a shard built now gets its sold units and users (those homed on it)
+// and an even share of what is left of the stock over the shards built now;
+// an update moves shard 0's total by the change of the stock and copies the
+// settings to every shard. Shard 0 is updated first (it alone can refuse)
+// and built last (it names the shard count, so the sale is found once every
+// shard is there).
 func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOutcome, Sale, error) {
-	k := s.Keys(activityID)
-	flags := ""
+	shards := max(a.Shards, 1)
+	s.SetShards(activityID, shards)
+	if shards == 1 {
+		out, sale, err := s.warmShard(ctx, activityID, s.Keys(activityID), a, a.Total, a.Sold, a.Users, "")
+		if err != nil || out == WarmArchived || out == WarmConflict {
+			return out, sale, err
+		}
+		return out, sale, s.register(ctx, activityID)
+	}
+	keys := make([]Keys, shards)
+	p := s.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, shards)
+	for k := range keys {
+		keys[k] = s.ShardKeys(activityID, k, shards)
+		cmds[k] = p.HMGet(ctx, keys[k].Meta, "total", "sold", "pending", "archived", "gen", "stock")
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		return "", Sale{}, fmt.Errorf("warm activity %d: %w", activityID, err)
+	}
+	built := make([]bool, shards)
+	var live, nbuilt int64
+	for k, c := range cmds {
+		v := c.Val()
+		switch {
+		case v[0] == nil:
+			built[k] = true
+		case v[3] != nil && num(v[4]) < a.Gen:
+			built[k] = true // an archive an admin change reopens
+		case v[3] != nil:
+			if k == 0 {
+				return WarmArchived, Sale{}, nil
+			}
+		default:
+			live += num(v[0])
+		}
+		if built[k] {
+			nbuilt++
+		}
+	}
+	if nbuilt > 0 && a.Sold > 0 && a.Users == nil {
+		return WarmNeedUsers, Sale{}, nil
+	}
+	per := SplitUsers(a.Users, shards)
+	sold := make([]int64, shards)
+	rem := a.Total - live
+	for k := range per {
+		for _, n := range per[k] {
+			sold[k] += n
+		}
+		if built[k] {
+			rem -= sold[k]
+		}
+	}
+	rem = max(rem, 0)
+	order := make([]int, 0, shards)
+	for k := 1; k < shards; k++ {
+		order = append(order, k)
+	}
+	if built[0] {
+		order = append(order, 0)
+	} else {
+		order = append([]int{0}, order...)
+	}
+	allots := make([]int64, shards)
+	var i int64
+	for k := range allots {
+		if built[k] {
+			allots[k] = sold[k] + rem/nbuilt
+			if i < rem%nbuilt {
+				allots[k]++
+			}
+			i++
+		}
+	}
+	outs := map[WarmOutcome]int{}
+	for _, k := range order {
+		allot := allots[k]
+		flag := "s"
+		if k == 0 {
+			flag = "z"
+		}
+		out, _, err := s.warmShard(ctx, activityID, keys[k], a, allot, sold[k], per[k], flag)
+		if err == nil && out == WarmConflict && k == 0 {
+			// Lowered below what shard 0 holds: units of the others move in
+			// first, then once more.
+			c := cmds[0].Val()
+			need := num(c[1]) + num(c[2]) - num(c[0]) - a.Total + num(c[5])
+			if _, err = s.Rebalance(ctx, activityID, 0, shards, max(need, 1)); err == nil {
+				out, _, err = s.warmShard(ctx, activityID, keys[k], a, allot, sold[k], per[k], flag)
+			}
+		}
+		if err != nil {
+			return "", Sale{}, err
+		}
+		switch out {
+		case WarmConflict, WarmNeedUsers:
+			sale, _, err := s.Sale(ctx, activityID)
+			return out, Sale{Sold: sale.Sold, Pending: sale.Pending}, err
+		case WarmArchived:
+			if k == 0 {
+				return out, Sale{}, nil
+			}
+		}
+		outs[out]++
+	}
+	out := WarmUpdated
+	switch {
+	case outs[WarmCreated] > 0:
+		out = WarmCreated
+	case outs[WarmExists] == shards:
+		out = WarmExists
+	}
+	return out, Sale{}, s.register(ctx, activityID)
+}
+
+func (s *Store) register(ctx context.Context, activityID int64) error {
+	if err := s.rdb.SAdd(ctx, ActiveSet(s.prefix), activityID).Err(); err != nil {
+		return fmt.Errorf("warm activity %d: register: %w", activityID, err)
+	}
+	return nil
+}
+
+// warmShard runs warm.lua on one shard: total and sold are the shard's (the
+// sale's when unsharded), users those homed on it.
+func (s *Store) warmShard(ctx context.Context, activityID int64, k Keys, a WarmArgs, total, sold int64, users map[string]int64, flags string) (WarmOutcome, Sale, error) {
 	if a.CreateOnly {
 		flags += "c"
 	}
 	if a.Users != nil {
 		flags += "u"
 	}
-	args := []any{a.Total, a.Limit, a.Start.UnixMilli(), a.End.UnixMilli(), a.Sold, flags,
-		Channel(s.prefix), activityID, a.Gen}
-	for u, n := range a.Users {
+	args := []any{total, a.Limit, a.Start.UnixMilli(), a.End.UnixMilli(), sold, flags,
+		Channel(s.prefix), activityID, a.Gen, max(a.Shards, 1), a.Total}
+	for u, n := range users {
 		if n > 0 {
 			args = append(args, u, n)
 		}
@@ -607,34 +906,54 @@ func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOut
 	}
 	out := WarmOutcome(str(at(v, 0)))
 	switch out {
-	case WarmUpdated, WarmCreated, WarmNeedUsers, WarmExists:
-	case WarmArchived:
-		return out, Sale{}, nil // not registered: the archiver took it off
+	case WarmUpdated, WarmCreated, WarmNeedUsers, WarmExists, WarmArchived:
+		return out, Sale{}, nil
 	case WarmConflict:
 		return out, Sale{Sold: num(at(v, 1)), Pending: num(at(v, 2))}, nil
-	default:
-		return "", Sale{}, fmt.Errorf("warm activity %d: %w: %v", activityID, ErrScript, v)
 	}
-	if err := s.rdb.SAdd(ctx, ActiveSet(s.prefix), activityID).Err(); err != nil {
-		return "", Sale{}, fmt.Errorf("warm activity %d: register: %w", activityID, err)
-	}
-	return out, Sale{}, nil
+	return "", Sale{}, fmt.Errorf("warm activity %d: %w: %v", activityID, ErrScript, v)
 }
 
-// Sale reads the Redis view of an activity; found is false when its keys are gone.
+// Sale reads the Redis view of an activity; found is false when its keys are
+// gone (any shard's, for a sharded sale: it is then rebuilt). A sharded
+// sale's view sums its shards; Total is its stock (shard 0's "stock").
 func (s *Store) Sale(ctx context.Context, activityID int64) (sale Sale, found bool, err error) {
-	v, err := s.rdb.HMGet(ctx, s.Keys(activityID).Meta, "total", "sold", "pending", "limit", "start", "end", "gen", "archived").Result()
+	v, err := s.rdb.HMGet(ctx, s.Keys(activityID).Meta, "total", "sold", "pending", "limit", "start", "end", "gen", "archived", "shards", "stock").Result()
 	if err != nil {
 		return Sale{}, false, fmt.Errorf("read activity %d: %w", activityID, err)
 	}
 	if v[0] == nil {
 		return Sale{}, false, nil
 	}
-	return Sale{
+	sale = Sale{
 		Total: num(v[0]), Sold: num(v[1]), Pending: num(v[2]), Limit: num(v[3]),
 		Start: time.UnixMilli(num(v[4])).UTC(), End: time.UnixMilli(num(v[5])).UTC(),
-		Gen: num(v[6]), Archived: v[7] != nil,
-	}, true, nil
+		Gen: num(v[6]), Archived: v[7] != nil, Shards: max(int(num(v[8])), 1),
+	}
+	if sale.Shards == 1 {
+		return sale, true, nil
+	}
+	s.shards.Store(activityID, sale.Shards)
+	if v[9] != nil {
+		sale.Total = num(v[9])
+	}
+	p := s.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, sale.Shards)
+	for k := 1; k < sale.Shards; k++ {
+		cmds[k] = p.HMGet(ctx, s.ShardKeys(activityID, k, sale.Shards).Meta, "total", "sold", "pending")
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		return Sale{}, false, fmt.Errorf("read activity %d: %w", activityID, err)
+	}
+	for _, c := range cmds[1:] {
+		w := c.Val()
+		if w[0] == nil {
+			return Sale{}, false, nil
+		}
+		sale.Sold += num(w[1])
+		sale.Pending += num(w[2])
+	}
+	return sale, true, nil
 }
 
 // Record is an order's reservation record.
@@ -705,7 +1024,7 @@ func ParseRecord(orderID, raw string) (Record, error) {
 
 // Order reads one order's record; found is false when Redis has none.
 func (s *Store) Order(ctx context.Context, activityID int64, orderID string) (Record, bool, error) {
-	raw, err := lua.Order.Run(ctx, s.rdb, []string{s.Keys(activityID).Meta}, orderID).Text()
+	raw, err := lua.Order.Run(ctx, s.rdb, []string{s.orderKeys(activityID, orderID).Meta}, orderID).Text()
 	if errors.Is(err, redis.Nil) {
 		return Record{}, false, nil
 	}
@@ -718,12 +1037,29 @@ func (s *Store) Order(ctx context.Context, activityID int64, orderID string) (Re
 
 // Overdue lists up to max order ids of an activity whose deadline is at or
 // before t, oldest first.
+// Each shard keeps its own deadline index: up to max from each, merged.
 func (s *Store) Overdue(ctx context.Context, activityID int64, t time.Time, max int64) ([]string, error) {
-	ids, err := s.rdb.ZRangeByScore(ctx, s.Keys(activityID).Deadlines, &redis.ZRangeBy{
-		Min: "-inf", Max: strconv.FormatInt(t.UnixMilli(), 10), Count: max,
-	}).Result()
+	shards, err := s.allShards(ctx, activityID)
 	if err != nil {
-		return nil, fmt.Errorf("overdue orders of activity %d: %w", activityID, err)
+		return nil, err
+	}
+	var all []redis.Z
+	for _, k := range shards {
+		z, err := s.rdb.ZRangeByScoreWithScores(ctx, k.Deadlines, &redis.ZRangeBy{
+			Min: "-inf", Max: strconv.FormatInt(t.UnixMilli(), 10), Count: max,
+		}).Result()
+		if err != nil {
+			return nil, fmt.Errorf("overdue orders of activity %d: %w", activityID, err)
+		}
+		all = append(all, z...)
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].Score < all[j].Score })
+	ids := make([]string, 0, min(int64(len(all)), max))
+	for _, z := range all {
+		if int64(len(ids)) == max {
+			break
+		}
+		ids = append(ids, z.Member.(string))
 	}
 	return ids, nil
 }
@@ -753,8 +1089,52 @@ type ArchiveArgs struct {
 // with a (the caller holds MySQL's row lock); see lua/archive.lua. gen is the
 // generation of an earlier archive (ArchiveAlready). The caller then takes
 // the id off the activity set (Deactivate).
+//
+// A sharded sale is archived shard by shard, shard 0 last (it names the
+// shard count), once the shard totals add up to a.Total and their sold to
+// a.Sold (ArchiveDisagree otherwise); each shard is checked against its own
+// counters, read just before (an ended sale reserves nothing, so nothing
+// moves them but a late settle, which makes its archive refuse).
 func (s *Store) Archive(ctx context.Context, activityID int64, a ArchiveArgs) (out ArchiveOutcome, gen int64, err error) {
-	k := s.Keys(activityID)
+	shards, err := s.allShards(ctx, activityID)
+	if err != nil {
+		return "", 0, err
+	}
+	if len(shards) == 1 {
+		return s.archiveShard(ctx, activityID, shards[0], a)
+	}
+	if _, err := s.CompleteMoves(ctx, activityID); err != nil {
+		return "", 0, err
+	}
+	metas, err := s.readShards(ctx, shards)
+	if err != nil {
+		return "", 0, fmt.Errorf("archive activity %d: %w", activityID, err)
+	}
+	var total, sold int64
+	for _, m := range metas {
+		if m["total"] == "" {
+			return ArchiveMissing, 0, nil
+		}
+		t, _ := strconv.ParseInt(m["total"], 10, 64)
+		n, _ := strconv.ParseInt(m["sold"], 10, 64)
+		total, sold = total+t, sold+n
+	}
+	if total != a.Total || sold != a.Sold {
+		return ArchiveDisagree, 0, nil
+	}
+	for i := len(shards) - 1; i >= 0; i-- {
+		b := a
+		b.Total, _ = strconv.ParseInt(metas[i]["total"], 10, 64)
+		b.Sold, _ = strconv.ParseInt(metas[i]["sold"], 10, 64)
+		out, gen, err = s.archiveShard(ctx, activityID, shards[i], b)
+		if err != nil || (out != ArchiveDone && out != ArchiveAlready) {
+			return out, gen, err
+		}
+	}
+	return out, gen, nil
+}
+
+func (s *Store) archiveShard(ctx context.Context, activityID int64, k Keys, a ArchiveArgs) (out ArchiveOutcome, gen int64, err error) {
 	v, err := lua.Archive.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines},
 		a.Gen, a.Total, a.Sold, a.Grace.Milliseconds(), a.SummaryTTL.Milliseconds()).Slice()
 	if err != nil {
@@ -850,11 +1230,11 @@ func ParseUser(raw string) (UserEntry, error) {
 
 // User reads a user's entry; a user without one holds nothing.
 func (s *Store) User(ctx context.Context, activityID int64, userID string) (UserEntry, error) {
-	n, err := s.Buckets(ctx, activityID)
+	h, err := s.UserHash(ctx, activityID, userID)
 	if err != nil {
 		return UserEntry{}, err
 	}
-	raw, err := s.rdb.HGet(ctx, s.Keys(activityID).User(n, userID), userID).Result()
+	raw, err := s.rdb.HGet(ctx, h, userID).Result()
 	if errors.Is(err, redis.Nil) {
 		return UserEntry{Keys: map[string]string{}}, nil
 	}
@@ -869,12 +1249,14 @@ func (s *Store) Forget(ctx context.Context, activityID int64, orderIDs ...string
 	if len(orderIDs) == 0 {
 		return nil
 	}
-	m := make([]any, len(orderIDs))
-	for i, id := range orderIDs {
-		m[i] = id
-	}
-	if err := s.rdb.ZRem(ctx, s.Keys(activityID).Deadlines, m...).Err(); err != nil {
-		return fmt.Errorf("forget %d orders of activity %d: %w", len(orderIDs), activityID, err)
+	for sh, idx := range byShard(orderIDs) {
+		m := make([]any, len(idx))
+		for j, i := range idx {
+			m[j] = orderIDs[i]
+		}
+		if err := s.rdb.ZRem(ctx, s.keysOf(activityID, sh).Deadlines, m...).Err(); err != nil {
+			return fmt.Errorf("forget %d orders of activity %d: %w", len(idx), activityID, err)
+		}
 	}
 	return nil
 }
@@ -885,13 +1267,15 @@ func (s *Store) Postpone(ctx context.Context, activityID int64, t time.Time, ord
 	if len(orderIDs) == 0 {
 		return nil
 	}
-	z := make([]redis.Z, len(orderIDs))
-	for i, id := range orderIDs {
-		z[i] = redis.Z{Score: float64(t.UnixMilli()), Member: id}
-	}
-	// XX: only while the order is still indexed (not settled meanwhile).
-	if err := s.rdb.ZAddXX(ctx, s.Keys(activityID).Deadlines, z...).Err(); err != nil {
-		return fmt.Errorf("postpone %d orders of activity %d: %w", len(orderIDs), activityID, err)
+	for sh, idx := range byShard(orderIDs) {
+		z := make([]redis.Z, len(idx))
+		for j, i := range idx {
+			z[j] = redis.Z{Score: float64(t.UnixMilli()), Member: orderIDs[i]}
+		}
+		// XX: only while the order is still indexed (not settled meanwhile).
+		if err := s.rdb.ZAddXX(ctx, s.keysOf(activityID, sh).Deadlines, z...).Err(); err != nil {
+			return fmt.Errorf("postpone %d orders of activity %d: %w", len(idx), activityID, err)
+		}
 	}
 	return nil
 }
@@ -904,20 +1288,27 @@ func (s *Store) Records(ctx context.Context, activityID int64, orderIDs []string
 	if len(orderIDs) == 0 {
 		return out, nil
 	}
-	n, err := s.Buckets(ctx, activityID)
-	if err != nil {
-		return nil, err
-	}
-	raw, err := s.hmget(ctx, s.Keys(activityID), n, orderIDs)
-	if err != nil {
-		return nil, fmt.Errorf("read %d orders of activity %d: %w", len(orderIDs), activityID, err)
-	}
-	for i, r := range raw {
-		if r == nil {
-			continue
-		}
-		if out[i], err = ParseRecord(orderIDs[i], *r); err != nil {
+	for sh, idx := range byShard(orderIDs) {
+		k := s.keysOf(activityID, sh)
+		n, err := s.bucketsOf(ctx, activityID, k)
+		if err != nil {
 			return nil, err
+		}
+		ids := make([]string, len(idx))
+		for j, i := range idx {
+			ids[j] = orderIDs[i]
+		}
+		raw, err := s.hmget(ctx, k, n, ids)
+		if err != nil {
+			return nil, fmt.Errorf("read %d orders of activity %d: %w", len(ids), activityID, err)
+		}
+		for j, r := range raw {
+			if r == nil {
+				continue
+			}
+			if out[idx[j]], err = ParseRecord(ids[j], *r); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return out, nil
@@ -966,10 +1357,57 @@ type SyncResult struct {
 
 // Sync sets a sale's total, sold and per-user totals from MySQL and recounts
 // pending from the open reservations; see lua/sync.lua for what the caller
-// must hold.
+// must hold. A sharded sale is synced shard by shard (each its own sold and
+// users, by their home shard, and its own pending; totals kept), then shard
+// 0's total moves by what the shard totals miss of total, read from a
+// consistent snapshot (Allotted); the result sums the shards.
 func (s *Store) Sync(ctx context.Context, activityID, total, sold int64, users map[string]int64) (SyncResult, error) {
-	k := s.Keys(activityID)
-	args := []any{total, sold, Channel(s.prefix), activityID}
+	shards, err := s.allShards(ctx, activityID)
+	if err != nil {
+		return SyncResult{}, err
+	}
+	if len(shards) == 1 {
+		return s.syncShard(ctx, activityID, shards[0], total, sold, users)
+	}
+	per := SplitUsers(users, len(shards))
+	var out SyncResult
+	for k := len(shards) - 1; k >= 0; k-- {
+		var sk int64
+		for _, n := range per[k] {
+			sk += n
+		}
+		r, err := s.syncShard(ctx, activityID, shards[k], -1, sk, per[k])
+		if err != nil {
+			return out, err
+		}
+		if !r.Found {
+			return SyncResult{}, nil // a shard is missing: rebuilt first (Warm)
+		}
+		out.Found = true
+		out.OldTotal, out.OldSold, out.OldPending = out.OldTotal+r.OldTotal, out.OldSold+r.OldSold, out.OldPending+r.OldPending
+		out.NewPending, out.StaleIndexEntries = out.NewPending+r.NewPending, out.StaleIndexEntries+r.StaleIndexEntries
+	}
+	sum, ok, err := s.Allotted(ctx, activityID)
+	if err != nil {
+		return out, err
+	}
+	if ok && sum != total {
+		if err := s.allot(ctx, activityID, total-sum); err != nil {
+			return out, err
+		}
+	}
+	if ok {
+		out.OldTotal = sum
+	}
+	return out, nil
+}
+
+func (s *Store) syncShard(ctx context.Context, activityID int64, k Keys, total, sold int64, users map[string]int64) (SyncResult, error) {
+	t := any(total)
+	if total < 0 {
+		t = "-"
+	}
+	args := []any{t, sold, Channel(s.prefix), activityID}
 	for u, n := range users {
 		args = append(args, u, n)
 	}
@@ -990,10 +1428,17 @@ func (s *Store) Sync(ctx context.Context, activityID, total, sold int64, users m
 // Open lists the records of an activity's orders that are still pending or
 // claimed (those in the deadline index), up to max.
 func (s *Store) Open(ctx context.Context, activityID int64, max int64) ([]Record, error) {
-	k := s.Keys(activityID)
-	ids, err := s.rdb.ZRangeByScore(ctx, k.Deadlines, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: max}).Result()
+	shards, err := s.allShards(ctx, activityID)
 	if err != nil {
-		return nil, fmt.Errorf("open orders of activity %d: %w", activityID, err)
+		return nil, err
+	}
+	var ids []string
+	for _, k := range shards {
+		some, err := s.rdb.ZRangeByScore(ctx, k.Deadlines, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: max}).Result()
+		if err != nil {
+			return nil, fmt.Errorf("open orders of activity %d: %w", activityID, err)
+		}
+		ids = append(ids, some...)
 	}
 	if len(ids) == 0 {
 		return nil, nil
@@ -1019,8 +1464,15 @@ func (s *Store) Open(ctx context.Context, activityID int64, max int64) ([]Record
 // unknown to Redis. d is a safety bound only (a queued order is taken as
 // gone after it, see the sweeper); the drain marker ends it.
 func (s *Store) MarkRecovering(ctx context.Context, activityID int64, token string, d time.Duration) error {
-	if err := s.rdb.Set(ctx, s.Keys(activityID).Recovering, token, d).Err(); err != nil {
-		return fmt.Errorf("mark activity %d recovering: %w", activityID, err)
+	shards, err := s.allShards(ctx, activityID)
+	if err != nil {
+		return err
+	}
+	// Every shard: each reserve.lua reads its own shard's mark.
+	for _, k := range shards {
+		if err := s.rdb.Set(ctx, k.Recovering, token, d).Err(); err != nil {
+			return fmt.Errorf("mark activity %d recovering: %w", activityID, err)
+		}
 	}
 	return nil
 }
@@ -1041,11 +1493,21 @@ func (s *Store) Recovery(ctx context.Context, activityID int64) (string, error) 
 // EndRecovery ends the sale's recovery if it is still the one named by token
 // (lua/recovered.lua); it reports whether it ended now.
 func (s *Store) EndRecovery(ctx context.Context, activityID int64, token string) (bool, error) {
-	n, err := lua.Recovered.Run(ctx, s.rdb, []string{s.Keys(activityID).Recovering}, token).Int64()
+	shards, err := s.allShards(ctx, activityID)
 	if err != nil {
-		return false, fmt.Errorf("end recovery of activity %d: %w", activityID, err)
+		return false, err
 	}
-	return n == 1, nil
+	// Shard 0 last: Recovery reads it, so the recovery shows ended only
+	// once every shard's has.
+	ended := false
+	for i := len(shards) - 1; i >= 0; i-- {
+		n, err := lua.Recovered.Run(ctx, s.rdb, []string{shards[i].Recovering}, token).Int64()
+		if err != nil {
+			return false, fmt.Errorf("end recovery of activity %d: %w", activityID, err)
+		}
+		ended = ended || n == 1
+	}
+	return ended, nil
 }
 
 // RestoreKeys binds idempotency keys back to orders whose records Redis
@@ -1055,19 +1517,24 @@ func (s *Store) EndRecovery(ctx context.Context, activityID int64, token string)
 // (a record restored first would make it skip them). A key bound already
 // wins (lua/restore.lua). Orders without a key are skipped.
 func (s *Store) RestoreKeys(ctx context.Context, activityID int64, orders []Decided) error {
-	k := s.Keys(activityID)
-	args := make([]any, 0, 1+6*len(orders))
-	args = append(args, 0) // the sale exists: restore.lua chooses no bucket count
-	for _, o := range orders {
-		if o.IdempotencyKey != "" {
-			args = append(args, o.OrderID, "", "", o.Quantity, o.UserID, o.IdempotencyKey)
+	ids := make([]string, len(orders))
+	for i, o := range orders {
+		ids[i] = o.OrderID
+	}
+	for sh, idx := range byShard(ids) {
+		args := make([]any, 0, 1+6*len(idx))
+		args = append(args, 0) // the sale exists: restore.lua chooses no bucket count
+		for _, i := range idx {
+			if o := orders[i]; o.IdempotencyKey != "" {
+				args = append(args, o.OrderID, "", "", o.Quantity, o.UserID, o.IdempotencyKey)
+			}
 		}
-	}
-	if len(args) == 1 {
-		return nil
-	}
-	if err := lua.Restore.Run(ctx, s.rdb, []string{k.Meta}, args...).Err(); err != nil {
-		return fmt.Errorf("restore keys of %d orders of activity %d: %w", len(orders), activityID, err)
+		if len(args) == 1 {
+			continue
+		}
+		if err := lua.Restore.Run(ctx, s.rdb, []string{s.keysOf(activityID, sh).Meta}, args...).Err(); err != nil {
+			return fmt.Errorf("restore keys of %d orders of activity %d: %w", len(idx), activityID, err)
+		}
 	}
 	return nil
 }
@@ -1089,8 +1556,45 @@ type Decided struct {
 // total is MySQL's stock of the sale: a sale built anew takes its bucket
 // count from it (0: the records go to the unbucketed hashes, which the warm
 // that builds the sale moves into buckets).
+//
+// Each order goes to the shard its id names; a shard built anew chooses
+// its bucket count from its share of total.
 func (s *Store) Restore(ctx context.Context, activityID, total int64, orders []Decided) error {
-	k := s.Keys(activityID)
+	shards, err := s.Shards(ctx, activityID)
+	if err != nil {
+		return err
+	}
+	ids := make([]string, len(orders))
+	for i, o := range orders {
+		ids[i] = o.OrderID
+	}
+	for sh, idx := range byShard(ids) {
+		sub := make([]Decided, len(idx))
+		for j, i := range idx {
+			sub[j] = orders[i]
+		}
+		n := shards
+		if sh.n > 0 {
+			n = sh.n // the id names the count
+		}
+		if err := s.restoreShard(ctx, activityID, s.keysOf(activityID, sh), allotment(total, sh.k, n), sub); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// allotment is shard's even share of total units over shards.
+func allotment(total int64, shard, shards int) int64 {
+	n := int64(max(shards, 1))
+	a := total / n
+	if int64(shard) < total%n {
+		a++
+	}
+	return a
+}
+
+func (s *Store) restoreShard(ctx context.Context, activityID int64, k Keys, total int64, orders []Decided) error {
 	for start := 0; start < len(orders); start += 500 {
 		chunk := orders[start:min(start+500, len(orders))]
 		args := make([]any, 0, 1+6*len(chunk))

@@ -47,12 +47,18 @@ func New(t testing.TB) *Rig {
 // millisecond, as MySQL stores them).
 func (r *Rig) Open(t testing.TB, id, stock, limit int64, start, end time.Time) {
 	t.Helper()
+	r.OpenSharded(t, id, stock, limit, 1, start, end)
+}
+
+// OpenSharded is Open for a sale of shards stock shards.
+func (r *Rig) OpenSharded(t testing.TB, id, stock, limit int64, shards int, start, end time.Time) {
+	t.Helper()
 	start, end = start.UTC().Truncate(time.Millisecond), end.UTC().Truncate(time.Millisecond)
-	_, err := r.DB.Exec(`INSERT INTO activities (id, total_stock, stock, sold, per_user_limit, starts_at, ends_at)
-		VALUES (?, ?, ?, 0, ?, ?, ?)`, id, stock, stock, limit, start, end)
+	_, err := r.DB.Exec(`INSERT INTO activities (id, total_stock, stock, sold, per_user_limit, starts_at, ends_at, stock_shards)
+		VALUES (?, ?, ?, 0, ?, ?, ?, ?)`, id, stock, stock, limit, start, end, shards)
 	servicetest.Must(t, err, "insert activity %d", id)
 	out, _, err := r.Store.Warm(context.Background(), id, reservation.WarmArgs{Total: stock, Limit: limit,
-		Start: start, End: end, Users: map[string]int64{}})
+		Start: start, End: end, Users: map[string]int64{}, Shards: shards})
 	servicetest.Must(t, err, "warm %d", id)
 	if out != reservation.WarmCreated {
 		t.Fatalf("warm %d: %v, want created", id, out)

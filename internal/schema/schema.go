@@ -30,6 +30,7 @@ var Statements = []string{
 		ends_at        DATETIME(3) NOT NULL,
 		generation     BIGINT NOT NULL DEFAULT 0 COMMENT 'bumped by every admin change; the archiver archives only the generation it checked',
 		archived_at    DATETIME(3) NULL COMMENT 'set when the sale was archived: Redis holds no per-order state of it',
+		stock_shards   INT NOT NULL DEFAULT 1 COMMENT 'stock shards in Redis, fixed when the activity is created',
 		created_at     DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
 		updated_at     DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
 		CONSTRAINT activities_stock_nonneg CHECK (stock >= 0),
@@ -157,7 +158,8 @@ func ensureDatabase(ctx context.Context, dc mysql.Config) error {
 // before them (IF NOT EXISTS: several processes may run it at once).
 const lifecycleColumns = `ALTER TABLE activities
 	ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL DEFAULT 0,
-	ADD COLUMN IF NOT EXISTS archived_at DATETIME(3) NULL`
+	ADD COLUMN IF NOT EXISTS archived_at DATETIME(3) NULL,
+	ADD COLUMN IF NOT EXISTS stock_shards INT NOT NULL DEFAULT 1`
 
 // Ensure creates every missing table, column and index.
 func Ensure(ctx context.Context, db *sql.DB) error {
@@ -172,10 +174,10 @@ func Ensure(ctx context.Context, db *sql.DB) error {
 	// table, which a process starting during a sale should not do.
 	var n int
 	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.COLUMNS
-		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'activities' AND COLUMN_NAME IN ('generation', 'archived_at')`).Scan(&n); err != nil {
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'activities' AND COLUMN_NAME IN ('generation', 'archived_at', 'stock_shards')`).Scan(&n); err != nil {
 		return fmt.Errorf("create schema: %w", err)
 	}
-	if n < 2 {
+	if n < 3 {
 		if _, err := db.ExecContext(ctx, lifecycleColumns); err != nil {
 			return fmt.Errorf("create schema: add lifecycle columns: %w", err)
 		}

@@ -183,14 +183,14 @@ func (d *Drainer) observe(ctx context.Context, q *broker.QueueProbe, id int64) (
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	s, err := d.Redis.HGet(cctx, reservation.KeysFor(d.Prefix, id).Meta, "pending").Result()
+	sale, found, err := reservation.New(d.Redis, d.Prefix).Sale(cctx, id)
 	switch {
-	case errors.Is(err, redis.Nil):
-		st.SaleMissing = true
 	case err != nil:
 		return st, fmt.Errorf("drain: read pending: %w", err)
+	case !found:
+		st.SaleMissing = true
 	default:
-		st.Pending, _ = strconv.ParseInt(s, 10, 64)
+		st.Pending = sale.Pending // every shard's
 	}
 	if err := d.DB.QueryRowContext(cctx, "SELECT COUNT(*) FROM orders WHERE activity_id = ?", id).Scan(&st.MySQLOrders); err != nil {
 		return st, fmt.Errorf("drain: count orders: %w", err)

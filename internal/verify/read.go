@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/salesdb"
 )
@@ -127,7 +128,6 @@ func (c *Checker) otherActivity(ctx context.Context, id int64, ids []string) (in
 
 func (c *Checker) readRedis(ctx context.Context, id int64) (RedisState, error) {
 	r := RedisState{Records: map[string]reservation.Record{}, Users: map[string]int64{}}
-	k := reservation.KeysFor(c.Prefix, id)
 	store := reservation.New(c.Redis, c.Prefix)
 	sale, found, err := store.Sale(ctx, id)
 	if err != nil {
@@ -135,9 +135,34 @@ func (c *Checker) readRedis(ctx context.Context, id int64) (RedisState, error) {
 	}
 	r.Found = found
 	r.Total, r.Sold, r.Pending, r.Limit = sale.Total, sale.Sold, sale.Pending, sale.Limit
-	n, err := store.Buckets(ctx, id)
+	shards, err := store.Shards(ctx, id)
 	if err != nil {
 		return r, err
+	}
+	if shards > 1 && found {
+		// The shard totals (with no move left in flight) add up to the stock:
+		// no unit was lost or made by the moves between shards.
+		sum, ok, err := store.Allotted(ctx, id)
+		if err != nil {
+			return r, err
+		}
+		if ok && sum != sale.Total {
+			r.Unreadable = append(r.Unreadable, fmt.Sprintf("the shard totals add up to %d, not the stock %d", sum, sale.Total))
+		}
+	}
+	for k := 0; k < shards; k++ {
+		if err := c.readShard(ctx, store, id, store.ShardKeys(id, k, shards), &r); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// readShard reads one stock shard's records, deadlines and users into r.
+func (c *Checker) readShard(ctx context.Context, store *reservation.Store, id int64, k reservation.Keys, r *RedisState) error {
+	n, err := store.ShardBuckets(ctx, id, k)
+	if err != nil {
+		return err
 	}
 	// Every bucket, and the unbucketed hashes: a record anywhere else than
 	// its own bucket is reported, not lost from sight.
@@ -146,13 +171,16 @@ func (c *Checker) readRedis(ctx context.Context, id int64) (RedisState, error) {
 		for {
 			kv, next, err := c.Redis.HScan(ctx, h, cursor, "", 1000).Result()
 			if err != nil {
-				return r, fmt.Errorf("scan %s: %w", h, err)
+				return fmt.Errorf("scan %s: %w", h, err)
 			}
 			for i := 0; i+1 < len(kv); i += 2 {
 				rec, err := reservation.ParseRecord(kv[i], kv[i+1])
 				if err != nil {
 					r.Unreadable = append(r.Unreadable, fmt.Sprintf("reservation record: %v", err))
 					continue
+				}
+				if sh, n, _ := ordermsg.ShardOf(kv[i]); sh != k.Shard || (sh > 0 && n != k.Shards) {
+					r.Unreadable = append(r.Unreadable, fmt.Sprintf("order %s is in shard %d, not in the shard its id names", kv[i], k.Shard))
 				}
 				if want := k.Order(n, kv[i]); h != want {
 					r.Unreadable = append(r.Unreadable, fmt.Sprintf("order %s is in %s, not in its bucket %s", kv[i], h, want))
@@ -164,13 +192,15 @@ func (c *Checker) readRedis(ctx context.Context, id int64) (RedisState, error) {
 			}
 		}
 	}
-	if r.Deadlines, err = c.Redis.ZCard(ctx, k.Deadlines).Result(); err != nil {
-		return r, fmt.Errorf("zcard %s: %w", k.Deadlines, err)
+	d, err := c.Redis.ZCard(ctx, k.Deadlines).Result()
+	r.Deadlines += d
+	if err != nil {
+		return fmt.Errorf("zcard %s: %w", k.Deadlines, err)
 	}
 	for _, h := range k.Hashes(reservation.UserBuckets, n) {
 		users, err := c.Redis.HGetAll(ctx, h).Result()
 		if err != nil {
-			return r, fmt.Errorf("hgetall %s: %w", h, err)
+			return fmt.Errorf("hgetall %s: %w", h, err)
 		}
 		for u, s := range users {
 			e, err := reservation.ParseUser(s)
@@ -186,5 +216,5 @@ func (c *Checker) readRedis(ctx context.Context, id int64) (RedisState, error) {
 			}
 		}
 	}
-	return r, nil
+	return nil
 }

@@ -483,6 +483,8 @@ func TestBadInput(t *testing.T) {
 		{"admin negative stock", "PUT", admin, strings.Replace(validSpec, `"stock":3`, `"stock":-1`, 1), auth, 400, "bad_request"},
 		{"admin string stock", "PUT", admin, strings.Replace(validSpec, `"stock":3`, `"stock":"3"`, 1), auth, 400, "bad_request"},
 		{"admin limit 0", "PUT", admin, strings.Replace(validSpec, `"per_user_limit":1`, `"per_user_limit":0`, 1), auth, 400, "bad_request"},
+		{"admin stock_shards 0", "PUT", admin, strings.Replace(validSpec, `{`, `{"stock_shards":0,`, 1), auth, 400, "bad_request"},
+		{"admin stock_shards 65", "PUT", admin, strings.Replace(validSpec, `{`, `{"stock_shards":65,`, 1), auth, 400, "bad_request"},
 		{"admin bad time", "PUT", admin, strings.Replace(validSpec, `2020-01-01T00:00:00Z`, `yesterday`, 1), auth, 400, "bad_request"},
 		{"admin start after end", "PUT", admin, strings.Replace(validSpec, `2020-01-01`, `2050-01-01`, 1), auth, 400, "bad_request"},
 		{"admin unknown field", "PUT", admin, strings.Replace(validSpec, `{`, `{"sold":1,`, 1), auth, 400, "bad_request"},
@@ -785,4 +787,69 @@ func TestConnectionBoundAnswersLikeTheAPI(t *testing.T) {
 		t.Fatalf("refused connection: %d %q Retry-After %q: %s", resp.StatusCode(), resp.Header.ContentType(), resp.Header.Peek("Retry-After"), resp.Body())
 	}
 	get()
+}
+
+// TestShardedSale: an activity created with "stock_shards" keeps its
+// count (another one is refused, 409, nothing changed), sells exactly its
+// stock to buyers on every shard, its view sums the shards, and its orders
+// are found by id.
+func TestShardedSale(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, time.Minute)
+	const id = 13
+	start, end := time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	body := func(stock, shards int) string {
+		return fmt.Sprintf(`{"stock":%d,"per_user_limit":1,"starts_at":%q,"ends_at":%q,"stock_shards":%d}`,
+			stock, start.Format(time.RFC3339Nano), end.Format(time.RFC3339Nano), shards)
+	}
+	auth := map[string]string{"Authorization": "Bearer " + token}
+	path := fmt.Sprintf("/admin/v1/activities/%d", id)
+	if r := s.do(t, "PUT", path, body(12, 4), auth); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	before := s.state(t)
+	if r := s.do(t, "PUT", path, body(12, 3), auth); r.status != 409 || !strings.Contains(fmt.Sprint(r.body["message"]), "stock_shards") {
+		t.Errorf("another shard count: %d %s", r.status, r.raw)
+	}
+	if after := s.state(t); !reflect.DeepEqual(before, after) {
+		t.Errorf("a refused change changed state")
+	}
+	var shards int
+	servicetest.Must(t, s.db.QueryRow(`SELECT stock_shards FROM activities WHERE id = ?`, id).Scan(&shards), "row")
+	if shards != 4 {
+		t.Errorf("MySQL stock_shards = %d, want 4", shards)
+	}
+	var ids []string
+	for i := 0; i < 20; i++ {
+		r := s.buy(t, id, fmt.Sprintf("user%d", i), "", `{"quantity":1}`)
+		switch {
+		case r.status == 202:
+			ids = append(ids, r.body["order_id"].(string))
+		case r.status == 409 && r.body["code"] == "sold_out":
+			if len(ids) < 12 {
+				t.Errorf("sold_out after %d of 12", len(ids))
+			}
+		default:
+			t.Fatalf("buy: %d %s", r.status, r.raw)
+		}
+	}
+	if len(ids) != 12 {
+		t.Errorf("sold %d, want 12", len(ids))
+	}
+	seen := map[int]bool{}
+	for _, oid := range ids {
+		k, _, err := ordermsg.ShardOf(oid)
+		servicetest.Must(t, err, "order id %s", oid)
+		seen[k] = true
+		if r := s.do(t, "GET", "/api/v1/orders/"+oid, ``, nil); r.status != 200 || r.body["status"] != "pending" {
+			t.Errorf("order %s: %d %s", oid, r.status, r.raw)
+		}
+	}
+	if len(seen) != 4 {
+		t.Errorf("orders on %d shards, want 4", len(seen))
+	}
+	if r := s.do(t, "GET", fmt.Sprintf("/api/v1/activities/%d", id), ``, nil); r.status != 200 ||
+		r.body["stock"] != 12.0 || r.body["pending"] != 12.0 || r.body["available"] != 0.0 || r.body["state"] != "sold_out" {
+		t.Errorf("view: %d %s", r.status, r.raw)
+	}
 }

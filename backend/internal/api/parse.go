@@ -8,6 +8,8 @@ import (
 	"io"
 	"strconv"
 	"time"
+
+	"github.com/seckill/seckill/internal/ordermsg"
 )
 
 // MaxQuantity bounds quantity before Redis is asked (ordermsg's own bound).
@@ -126,13 +128,20 @@ func parseQuantity(body []byte) (int64, error) {
 type spec struct {
 	Stock, PerUserLimit int64
 	StartsAt, EndsAt    time.Time
+	// StockShards: 0 when not given (a new activity takes the configured
+	// default, an existing one keeps its count).
+	StockShards int
 }
 
 var specFields = map[string]fieldKind{
 	"stock": kindInt, "per_user_limit": kindInt, "starts_at": kindString, "ends_at": kindString,
+	"stock_shards": kindInt,
 }
 
-// parseSpec reads an admin body: every field required.
+// optionalSpec lists the fields of an admin body that may be left out.
+var optionalSpec = map[string]bool{"stock_shards": true}
+
+// parseSpec reads an admin body: every field but stock_shards required.
 func parseSpec(body []byte) (spec, error) {
 	ints, strs, err := strictObject(body, specFields)
 	if err != nil {
@@ -141,7 +150,7 @@ func parseSpec(body []byte) (spec, error) {
 	for name, kind := range specFields {
 		_, hasInt := ints[name]
 		_, hasStr := strs[name]
-		if (kind == kindInt && !hasInt) || (kind == kindString && !hasStr) {
+		if !optionalSpec[name] && ((kind == kindInt && !hasInt) || (kind == kindString && !hasStr)) {
 			return spec{}, fmt.Errorf("field %q is required", name)
 		}
 	}
@@ -151,6 +160,12 @@ func parseSpec(body []byte) (spec, error) {
 	}
 	if s.PerUserLimit < 1 || s.PerUserLimit > MaxQuantity {
 		return spec{}, fmt.Errorf("per_user_limit must be between 1 and %d, got %d", MaxQuantity, s.PerUserLimit)
+	}
+	if k, ok := ints["stock_shards"]; ok {
+		if k < 1 || k > ordermsg.MaxShards {
+			return spec{}, fmt.Errorf("stock_shards must be between 1 and %d, got %d", ordermsg.MaxShards, k)
+		}
+		s.StockShards = int(k)
 	}
 	if s.StartsAt, err = time.Parse(time.RFC3339Nano, strs["starts_at"]); err != nil {
 		return spec{}, fmt.Errorf("starts_at must be an RFC 3339 time, got %q", strs["starts_at"])

@@ -53,10 +53,25 @@ func TestParseSpec(t *testing.T) {
 		`{"stock":1,"per_user_limit":1,"starts_at":1,"ends_at":"2031-01-01T00:00:00Z"}`,
 		`{"stock":1,"per_user_limit":1,"starts_at":"2030-01-01T00:00:00Z","ends_at":"2031-01-01T00:00:00Z","x":1}`,
 		`{"stock":1,"per_user_limit":1,"starts_at":"0001-01-01T00:00:00Z","ends_at":"2031-01-01T00:00:00Z"}`,
+		`{"stock":1,"per_user_limit":1,"starts_at":"2030-01-01T00:00:00Z","ends_at":"2031-01-01T00:00:00Z","stock_shards":"2"}`,
+		`{"stock":1,"per_user_limit":1,"starts_at":"2030-01-01T00:00:00Z","ends_at":"2031-01-01T00:00:00Z","stock_shards":2.5}`,
 	}
 	for _, b := range bad {
 		if _, err := parseSpec([]byte(b)); err == nil {
 			t.Errorf("parseSpec(%s) accepted", b)
+		}
+	}
+	// stock_shards: optional (0: not given), 1..64, and the error names it.
+	base := `{"stock":1,"per_user_limit":1,"starts_at":"2030-01-01T00:00:00Z","ends_at":"2031-01-01T00:00:00Z"`
+	for body, want := range map[string]int{base + `}`: 0, base + `,"stock_shards":1}`: 1, base + `,"stock_shards":64}`: 64} {
+		if sp, err := parseSpec([]byte(body)); err != nil || sp.StockShards != want {
+			t.Errorf("parseSpec(%s) = %d %v, want %d", body, sp.StockShards, err, want)
+		}
+	}
+	for _, k := range []string{"0", "65", "-1"} {
+		_, err := parseSpec([]byte(base + `,"stock_shards":` + k + `}`))
+		if err == nil || !strings.Contains(err.Error(), "stock_shards must be between 1 and 64") {
+			t.Errorf("stock_shards %s: %v", k, err)
 		}
 	}
 }

@@ -62,11 +62,11 @@ func BenchmarkReserveCoalesced(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					x := &call{req: reservation.Request{ActivityID: id, UserID: "u" + strconv.FormatInt(n.Add(1), 10),
-						Quantity: 1, OrderID: ordermsg.NewOrderID(id), TTL: time.Minute}}
+						Quantity: 1, OrderID: ordermsg.NewOrderID(id), TTL: time.Minute, Keys: st.ShardKeys(id, 0, 1)}}
 					if mode == "direct" {
 						x.res, x.err = st.Reserve(context.Background(), x.req)
 					} else {
-						c.Do(st.RequestKeys(x.req), x)
+						c.Do(x.req.Keys, x)
 					}
 					if x.err != nil || x.res.Outcome != reservation.Reserved {
 						b.Errorf("%+v %v", x.res, x.err)

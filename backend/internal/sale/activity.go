@@ -21,18 +21,19 @@ type mysqlRow struct {
 	Start, End                time.Time
 	Gen                       int64 // bumped by every admin change
 	Archived                  bool  // Redis holds no per-order state of the sale
+	Shards                    int   // stock shards, fixed at creation
 	// Fresh: nothing of the sale can be in the queue — the admin change at
 	// hand creates it, or reopens it from an archive (archived only once
 	// every order was settled). Not read from MySQL.
 	Fresh bool
 }
 
-const selectActivity = `SELECT total_stock, stock, sold, per_user_limit, starts_at, ends_at, generation, archived_at IS NOT NULL
+const selectActivity = `SELECT total_stock, stock, sold, per_user_limit, starts_at, ends_at, generation, archived_at IS NOT NULL, stock_shards
 	FROM activities WHERE id = ?`
 
 func scanActivity(row *sql.Row) (mysqlRow, bool, error) {
 	var a mysqlRow
-	err := row.Scan(&a.Total, &a.Stock, &a.Sold, &a.Limit, &a.Start, &a.End, &a.Gen, &a.Archived)
+	err := row.Scan(&a.Total, &a.Stock, &a.Sold, &a.Limit, &a.Start, &a.End, &a.Gen, &a.Archived, &a.Shards)
 	if errors.Is(err, sql.ErrNoRows) {
 		return mysqlRow{}, false, nil
 	}
@@ -70,7 +71,7 @@ func (s *Service) loadUsers(ctx context.Context, id int64) (map[string]int64, er
 // between would otherwise reserve a second order for its key.
 func (s *Service) warm(ctx context.Context, id int64, a mysqlRow, createOnly bool) (reservation.WarmOutcome, reservation.Sale, error) {
 	args := reservation.WarmArgs{Total: a.Total, Limit: a.Limit, Start: a.Start, End: a.End, Sold: a.Sold,
-		CreateOnly: createOnly, Gen: a.Gen}
+		CreateOnly: createOnly, Gen: a.Gen, Shards: a.Shards}
 	if !createOnly {
 		if err := s.restoreIfBuilt(ctx, id, a); err != nil {
 			return "", reservation.Sale{}, err
@@ -125,6 +126,7 @@ func (s *Service) restoreIfBuilt(ctx context.Context, id int64, a mysqlRow) erro
 	}
 	qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
+	s.store.SetShards(id, a.Shards)
 	token, err := salesdb.Restore(qctx, s.db, s.store, id, a.Total, window)
 	s.sendMarker(id, token)
 	return err
@@ -157,6 +159,7 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		// queued before the loss is then decided. A failure leaves the sale
 		// missing: the next request tries again.
 		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+		s.store.SetShards(id, a.Shards)
 		token, err := salesdb.Restore(qctx, s.db, s.store, id, a.Total, s.cfg.RecoveryMax)
 		cancel()
 		if err != nil {
@@ -371,6 +374,10 @@ func (s *Service) Order(ctx context.Context, orderID string) (OrderView, error) 
 type Spec struct {
 	Stock, PerUserLimit int64
 	StartsAt, EndsAt    time.Time
+	// StockShards splits the stock over this many Redis slots; 0: the
+	// configured default for a new activity, the activity's own count for
+	// an existing one (fixed at creation: another count is a conflict).
+	StockShards int
 }
 
 // PutActivity creates or updates a sale. Raising stock (or creating): MySQL
@@ -423,11 +430,16 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 	if err != nil {
 		return false, err
 	}
-	next := mysqlRow{Total: spec.Stock, Limit: spec.PerUserLimit, Start: spec.StartsAt, End: spec.EndsAt, Gen: old.Gen + 1}
+	next := mysqlRow{Total: spec.Stock, Limit: spec.PerUserLimit, Start: spec.StartsAt, End: spec.EndsAt, Gen: old.Gen + 1,
+		Shards: old.Shards}
 	if !found {
+		next.Shards = spec.StockShards
+		if next.Shards == 0 {
+			next.Shards = max(s.cfg.StockShards, 1)
+		}
 		if _, err = tx.ExecContext(qctx, `INSERT INTO activities
-			(id, total_stock, stock, sold, per_user_limit, starts_at, ends_at) VALUES (?, ?, ?, 0, ?, ?, ?)`,
-			id, spec.Stock, spec.Stock, spec.PerUserLimit, spec.StartsAt, spec.EndsAt); err != nil {
+			(id, total_stock, stock, sold, per_user_limit, starts_at, ends_at, stock_shards) VALUES (?, ?, ?, 0, ?, ?, ?, ?)`,
+			id, spec.Stock, spec.Stock, spec.PerUserLimit, spec.StartsAt, spec.EndsAt, next.Shards); err != nil {
 			return false, err
 		}
 		if err = tx.Commit(); err != nil {
@@ -435,6 +447,12 @@ func (s *Service) putActivity(ctx context.Context, id int64, spec Spec) (created
 		}
 		next.Fresh = true
 		return true, s.warmAfterCommit(ctx, id, next)
+	}
+	if spec.StockShards != 0 && spec.StockShards != old.Shards {
+		// Users are homed, and order ids named, by the shard count: it
+		// stays what the activity was created with.
+		return false, fmt.Errorf("%w: stock_shards is fixed when the activity is created (%d), got %d",
+			ErrConflict, old.Shards, spec.StockShards)
 	}
 	next.Sold = old.Sold
 	next.Fresh = old.Archived

@@ -2,7 +2,6 @@ package sale
 
 import (
 	"github.com/seckill/seckill/internal/ordermsg"
-	"github.com/seckill/seckill/internal/reservation"
 )
 
 // SetAfterWarm sets the hook that runs once an admin change's warm has built
@@ -14,7 +13,8 @@ func SetAfterWarm(s *Service, f func(id int64)) { s.afterWarm = f }
 // backend there).
 func SetBeforeGroupPublish(s *Service, f func(orders []ordermsg.Order)) { s.beforeGroupPublish = f }
 
-// GroupQueued reports how many purchases of activity id wait for a group.
+// GroupQueued reports how many purchases of activity id (a sale of one
+// stock shard) wait for a group.
 func GroupQueued(s *Service, id int64) int {
-	return s.groups.Queued(s.store.RequestKeys(reservation.Request{ActivityID: id}))
+	return s.groups.Queued(s.store.ShardKeys(id, 0, 1))
 }

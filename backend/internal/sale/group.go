@@ -46,7 +46,7 @@ type groupMessage struct {
 // result, and the group's message when its order is carried by one.
 func (s *Service) reserveIn(r PurchaseRequest, req reservation.Request) (reservation.Result, *groupMessage, error) {
 	c := &groupCall{r: r, req: req}
-	s.groups.Do(s.store.RequestKeys(req), c)
+	s.groups.Do(req.Keys, c)
 	return c.res, c.msg, c.err
 }
 

@@ -52,6 +52,9 @@ type Config struct {
 	StateTTL        time.Duration // sale state answered from the local cache
 	OrderWaitMax    time.Duration // longest order long-poll
 	MaxOrderWaiters int           // order long-polls waiting at once
+	// StockShards is the stock shard count of an activity created without
+	// one ([backend] stock_shards).
+	StockShards int
 	// RecoveryMax bounds the recovery of a sale rebuilt after a Redis loss
 	// (reservation_ttl + [worker] queued_expire_after: past it the sweeper
 	// takes any order queued before the loss as gone). The drain marker
@@ -274,11 +277,21 @@ func (s *Service) archived(ctx context.Context, r PurchaseRequest) (PurchaseResu
 // order id collision (128 random bits: practically never) is retried once.
 func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.Result, *groupMessage, error) {
 	for attempt := 0; ; attempt++ {
+		start := time.Now()
+		// The user's home shard, and an order id that names it; purchases
+		// of one home shard share a group.
+		hctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+		home, err := s.store.Home(hctx, r.ActivityID, r.UserID)
+		cancel()
+		if err != nil {
+			s.m.reserved("error", time.Since(start))
+			return reservation.Result{}, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
 		req := reservation.Request{
 			ActivityID: r.ActivityID, UserID: r.UserID, IdempotencyKey: r.IdempotencyKey,
-			Quantity: r.Quantity, OrderID: ordermsg.NewOrderID(r.ActivityID), TTL: s.cfg.ReservationTTL,
+			Quantity: r.Quantity, OrderID: ordermsg.NewShardOrderID(r.ActivityID, home.Shard, home.Shards), TTL: s.cfg.ReservationTTL,
+			Keys: home,
 		}
-		start := time.Now()
 		res, msg, err := s.reserveIn(r, req)
 		if err != nil && !timedOut(err) && ctx.Err() == nil {
 			// A broken connection (EOF, reset, a failed dial), not a slow
@@ -286,6 +299,9 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 			// since reserve.lua is idempotent on the order id; it is what
 			// go-redis's own retries did, without re-running it blindly.
 			res, msg, err = s.reserveIn(r, req)
+		}
+		if errors.Is(err, reservation.ErrShards) && attempt == 0 {
+			continue // nothing reserved: choose the home shard anew
 		}
 		if err != nil {
 			s.m.reserved("error", time.Since(start))

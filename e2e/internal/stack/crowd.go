@@ -23,6 +23,7 @@ type Attempt struct {
 	Code      string // the "code" of an error body
 	OrderID   string
 	Tries     int
+	Started   time.Time     // of the last try
 	Elapsed   time.Duration // of the last try
 	// Answers lists every answer in order: "202", "409 sold_out", "503
 	// unavailable", "error" (transport).
@@ -142,7 +143,7 @@ func (c *Crowd) attempt(client *http.Client, backends []*Proc, i int, a *Attempt
 		b := backends[(i+try)%len(backends)]
 		start := time.Now()
 		status, code, id, err := purchase(client, b.URL(), c.Sale.ID, a, c.Prepare)
-		a.Status, a.Code, a.OrderID, a.Elapsed = status, code, id, time.Since(start)
+		a.Status, a.Code, a.OrderID, a.Started, a.Elapsed = status, code, id, start, time.Since(start)
 		if err != nil {
 			a.Answers = append(a.Answers, "error")
 		} else if code != "" {

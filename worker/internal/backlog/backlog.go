@@ -90,11 +90,19 @@ func (c *Collector) overdue(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	max := strconv.FormatInt(now.UnixMilli(), 10)
-	cmds := make([]*redis.IntCmd, len(ids))
-	// Each sale's keys share one hash tag; separate commands, pipelined.
+	var cmds []*redis.IntCmd
+	shards := make([]int, len(ids))
+	for i, id := range ids {
+		if shards[i], err = c.store.Shards(ctx, id); err != nil {
+			return 0, err
+		}
+	}
+	// Each shard's keys share one hash tag; separate commands, pipelined.
 	_, err = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
-			cmds[i] = p.ZCount(ctx, c.store.Keys(id).Deadlines, "-inf", max)
+			for k := 0; k < shards[i]; k++ {
+				cmds = append(cmds, p.ZCount(ctx, c.store.ShardKeys(id, k, shards[i]).Deadlines, "-inf", max))
+			}
 		}
 		return nil
 	})

@@ -193,6 +193,7 @@ type mysqlSale struct {
 	start, end                time.Time
 	gen                       int64
 	archived                  bool
+	shards                    int
 }
 
 func (c *Reconciler) activity(ctx context.Context, id int64, force bool) (Report, error) {
@@ -207,8 +208,8 @@ func (c *Reconciler) activity(ctx context.Context, id int64, force bool) (Report
 		return rep, err
 	}
 	var ms mysqlSale
-	err = c.db.QueryRowContext(cctx, `SELECT total_stock, sold, stock, per_user_limit, starts_at, ends_at, generation, archived_at IS NOT NULL
-		FROM activities WHERE id = ?`, id).Scan(&ms.total, &ms.sold, &ms.stock, &ms.limit, &ms.start, &ms.end, &ms.gen, &ms.archived)
+	err = c.db.QueryRowContext(cctx, `SELECT total_stock, sold, stock, per_user_limit, starts_at, ends_at, generation, archived_at IS NOT NULL, stock_shards
+		FROM activities WHERE id = ?`, id).Scan(&ms.total, &ms.sold, &ms.stock, &ms.limit, &ms.start, &ms.end, &ms.gen, &ms.archived, &ms.shards)
 	if errors.Is(err, sql.ErrNoRows) {
 		// Warmed in Redis, unknown to MySQL: nothing may be sold from it.
 		return rep, fmt.Errorf("activity %d is in Redis but not in MySQL", id)
@@ -282,6 +283,7 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 	}
 	// Before the sale exists again: decided orders get their records and
 	// keys back, and the sale recovers until its drain marker is taken.
+	c.store.SetShards(id, ms.shards)
 	if _, err := salesdb.Restore(ctx, c.db, c.store, id, ms.total, c.recovery); err != nil {
 		return err
 	}
@@ -289,6 +291,7 @@ func (c *Reconciler) rebuild(ctx context.Context, id int64, ms mysqlSale) error 
 		Total: ms.total, Limit: ms.limit, Start: ms.start, End: ms.end, Sold: ms.sold, Users: users,
 		CreateOnly: true, // a sale that exists meanwhile is newer than this read
 		Gen:        ms.gen,
+		Shards:     ms.shards,
 	})
 	if err != nil {
 		return err
