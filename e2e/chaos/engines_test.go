@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/e2e/internal/stack"
+	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
@@ -118,16 +119,46 @@ func slotMaster(t *testing.T, rdb *redis.ClusterClient, key string) string {
 // in its last moments may not have reached the replica, so the verdict runs
 // with RedisLost (MySQL decides; Redis records may be missing), as after
 // FLUSHDB.
+//
+// Sharded: the same with the sale's stock in 3 stock shards, one per
+// master, and the master of shard 1 killed: buyers homed on that shard get
+// 503 until the promotion, the others buy on, and a move that needs the
+// dead shard answers 503, never a false sold-out.
 func TestRedisClusterMasterFailover(t *testing.T) {
 	engine(t)
-	e := servicetest.StartCluster(t, 26500)
-	s := stack.New(t, stack.Options{Backends: 2, Workers: 3, RedisURL: e.URL, Config: stack.Fast("")})
+	for _, tc := range []struct {
+		name          string
+		port          int
+		shards, shard int // the sale's stock shards, the one whose master dies
+	}{
+		{"one slot", 26500, 1, 0},
+		{"3 stock shards", 26550, 3, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			clusterFailover(t, tc.port, tc.shards, tc.shard)
+		})
+	}
+}
+
+func clusterFailover(t *testing.T, port, shards, shard int) {
+	e := servicetest.StartCluster(t, port)
+	cfg := strings.Replace(stack.Fast(""), "[backend]\n", fmt.Sprintf("[backend]\nstock_shards = %d\n", shards), 1)
+	s := stack.New(t, stack.Options{Backends: 2, Workers: 3, RedisURL: e.URL, Config: cfg})
 	s.RedisLost = true
 	sale := s.CreateSale(t, saleID(), 1200, 2)
 	cc := s.Redis.(*redis.ClusterClient)
-	victim := slotMaster(t, cc, fmt.Sprintf("{act:%d}", sale.ID))
+	tag := reservation.ShardKeys("", sale.ID, shard, shards).Base
+	victim := slotMaster(t, cc, tag)
 	if victim == "" {
-		t.Fatal("no master serves the sale's slot before the fault")
+		t.Fatalf("no master serves the slot of %s before the fault", tag)
+	}
+	if shards > 1 {
+		masters := map[string]bool{}
+		for k := 0; k < shards; k++ {
+			masters[slotMaster(t, cc, reservation.ShardKeys("", sale.ID, k, shards).Base)] = true
+		}
+		t.Logf("%d stock shards on %d masters; killing %s (shard %d)", shards, len(masters), victim, shard)
 	}
 	c := stack.NewCrowd(sale, 500, 3, "cf")
 	c.Spread = 10 * time.Second
@@ -139,7 +170,7 @@ func TestRedisClusterMasterFailover(t *testing.T) {
 		servicetest.Must(t, syscall.Kill(e.Pid(t, portOf(t, victim)), syscall.SIGKILL), "kill -9 %s", victim)
 		// The promotion, seen by the cluster.
 		deadline := time.Now().Add(30 * time.Second)
-		for m := victim; m == victim || m == ""; m = slotMaster(t, cc, fmt.Sprintf("{act:%d}", sale.ID)) {
+		for m := victim; m == victim || m == ""; m = slotMaster(t, cc, tag) {
 			if time.Now().After(deadline) {
 				t.Fatalf("no replica took over from %s in 30s", victim)
 			}
