@@ -99,12 +99,12 @@ func run(ctx context.Context, args []string) error {
 	// Packages.
 	store := reservation.New(rdb, cfg.Redis.KeyPrefix)
 	var orders sale.Publisher = pub
-	if n, err := crashAfterReserve(); err != nil {
+	if n, g, err := crashHooks(); err != nil {
 		return err
-	} else if n > 0 {
-		log.Warn("test hook armed: the process exits after this many reservations, before publishing",
-			"env", envCrashAfterReserve, "n", n)
-		orders = &crashingPublisher{next: pub, after: n}
+	} else if n > 0 || g > 0 {
+		log.Warn("test hook armed: the process exits after this many reservations, or at the publish of a group this large, before publishing",
+			"env", envCrashAfterReserve, "n", n, "group_env", envCrashAtGroup, "group", g)
+		orders = &crashingPublisher{next: pub, after: n, group: g}
 	}
 	svc := sale.New(store, db, orders, sale.Config{
 		ReservationTTL:  cfg.Backend.ReservationTTL.Duration,
@@ -117,6 +117,9 @@ func run(ctx context.Context, args []string) error {
 		MaxOrderWaiters: cfg.Backend.MaxOrderWaiters,
 		StockShards:     cfg.Backend.StockShards,
 		RecoveryMax:     cfg.Backend.ReservationTTL.Duration + cfg.Worker.QueuedExpireAfter.Duration,
+		GroupMax:        cfg.Backend.GroupMax,
+		GroupLinger:     cfg.Backend.GroupLinger.Duration,
+		GroupBatch:      cfg.Backend.GroupMessage == conf.GroupBatch,
 	}, log, sale.NewMetrics(reg))
 	defer svc.Close() // before Redis closes: background undos end first
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))

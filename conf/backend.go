@@ -44,10 +44,32 @@ type Backend struct {
 	// request is answered at once.
 	MaxOrderWaiters int `toml:"max_order_waiters"`
 
+	// The group commit (docs/purchase-path.md, "Group commit").
+	// GroupMax bounds the purchases of one sale shard reserved in one script
+	// call and published in one message (1: every purchase alone).
+	GroupMax int `toml:"group_max"`
+	// GroupLinger bounds how long a purchase waits for a running group of
+	// its shard before its own group goes (0s: never waits). A purchase that
+	// finds its shard idle never waits.
+	GroupLinger Duration `toml:"group_linger"`
+	// GroupMessage is how a group's accepted orders are published: "batch"
+	// (one message carrying them, ordermsg.Batch: workers must decode it) or
+	// "each" (one message per order, as before the group commit).
+	GroupMessage string `toml:"group_message"`
 	// StockShards is the stock shard count of an activity created without
 	// "stock_shards" in its admin body (docs/scale-out.md).
 	StockShards int `toml:"stock_shards"`
 }
+
+// Group message forms ([backend] group_message).
+const (
+	GroupBatch = "batch"
+	GroupEach  = "each"
+)
+
+// MaxGroup is the largest group_max: the orders one batch message carries at
+// most (ordermsg.MaxBatch).
+const MaxGroup = 1024
 
 func defaultBackend() Backend {
 	return Backend{
@@ -68,7 +90,11 @@ func defaultBackend() Backend {
 		StateCacheTTL:   D(100 * time.Millisecond),
 		OrderWaitMax:    D(4 * time.Second),
 		MaxOrderWaiters: 20_000,
-		StockShards:     1,
+
+		GroupMax:     64,
+		GroupLinger:  D(2 * time.Millisecond),
+		GroupMessage: GroupBatch,
+		StockShards:  1,
 	}
 }
 
@@ -94,6 +120,13 @@ func (b *Backend) validate(p *problems) {
 		p.add("backend.order_wait_max", "must be between 0s (no long-polls) and 5m, got %q", b.OrderWaitMax.String())
 	}
 	checkRange(p, "backend.max_order_waiters", b.MaxOrderWaiters, 1, 10_000_000)
+	checkRange(p, "backend.group_max", b.GroupMax, 1, MaxGroup)
+	if b.GroupLinger.Duration < 0 || b.GroupLinger.Duration > 100*time.Millisecond {
+		p.add("backend.group_linger", "must be between 0s (no wait) and 100ms, got %q", b.GroupLinger.String())
+	}
+	if b.GroupMessage != GroupBatch && b.GroupMessage != GroupEach {
+		p.add("backend.group_message", "must be %q or %q, got %q", GroupBatch, GroupEach, b.GroupMessage)
+	}
 	checkRange(p, "backend.stock_shards", b.StockShards, 1, 64)
 	if b.PublishTimeout.Duration >= b.ReservationTTL.Duration {
 		p.add("backend.publish_timeout", "must be shorter than backend.reservation_ttl")

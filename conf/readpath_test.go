@@ -29,3 +29,26 @@ func TestReadPathKeys(t *testing.T) {
 		t.Errorf("parsed %+v %+v", cfg.Backend, cfg.Proxy.Rules[0])
 	}
 }
+
+func TestGroupKeys(t *testing.T) {
+	bad := []struct{ doc, want string }{
+		{"[backend]\ngroup_max = 0", "backend.group_max: must be between 1 and 1024, got 0"},
+		{"[backend]\ngroup_max = 1025", "backend.group_max: must be between 1 and 1024, got 1025"},
+		{"[backend]\ngroup_linger = \"-1ms\"", "backend.group_linger: must be between 0s (no wait) and 100ms"},
+		{"[backend]\ngroup_linger = \"1s\"", "backend.group_linger: must be between 0s (no wait) and 100ms"},
+		{"[backend]\ngroup_message = \"all\"", `backend.group_message: must be "batch" or "each", got "all"`},
+	}
+	for _, tc := range bad {
+		_, err := Parse(tc.doc, noEnv)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to mention %q", tc.doc, err, tc.want)
+		}
+	}
+	cfg, err := Parse("[backend]\ngroup_max = 1\ngroup_linger = \"0s\"\ngroup_message = \"batch\"", noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := cfg.Backend; b.GroupMax != 1 || b.GroupLinger.Duration != 0 || b.GroupMessage != GroupBatch {
+		t.Errorf("parsed %d %v %q", b.GroupMax, b.GroupLinger, b.GroupMessage)
+	}
+}

@@ -4,11 +4,18 @@ package lua
 // names of the buckets that hold them.
 const record = "record.lua"
 
+// reserving holds reserve_one, the checks and the reservation of one
+// purchase attempt, shared by Reserve and ReserveMulti.
+const reserving = "reserving.lua"
+
 // Scripts of the purchase path; see each file's header.
 var (
-	Reserve = load("reserve.lua", record)
-	Release = load("release.lua", record)
-	Queued  = load("queued.lua", record)
+	Reserve = load("reserve.lua", record, reserving)
+	// ReserveMulti runs reserve_one for each request of a group (the
+	// backend's group commit), one reply each.
+	ReserveMulti = load("reserve_multi.lua", record, reserving)
+	Release      = load("release.lua", record)
+	Queued       = load("queued.lua", record)
 	// Requeued writes back a lost record whose publish was confirmed late.
 	Requeued = load("requeued.lua", record)
 	Claim    = load("claim.lua", record)

@@ -22,22 +22,28 @@ import (
 // some unkeyed attempts. Workers and sweepers reach Redis directly. The
 // client-side ledger of every answer must then agree with MySQL: I1–I5, and
 // units sold = units of the confirmed orders answered 202 (a 503 kept
-// nothing). `make test` runs the mixed case with 2,000 attempts;
+// nothing). `make test` runs the mixed case with 2,000 attempts, with the
+// group commit's messages in the default form and one message per order;
 // SECKILL_CHAOS=1 (`make chaos`) runs every kind with 5,000.
 func TestRedisNetworkFaults(t *testing.T) {
 	local(t)
+	mixed := faultnet.Faults{
+		Up:   faultnet.Flow{DelayRate: 0.02, Delay: 400 * time.Millisecond, CutRate: 0.005},
+		Down: faultnet.Flow{DelayRate: 0.02, Delay: 400 * time.Millisecond, CutRate: 0.005}}
 	kinds := []struct {
-		name   string
-		faults faultnet.Faults
+		name    string
+		faults  faultnet.Faults
+		backend string // extra [backend] lines
 	}{
-		{"slow", faultnet.Faults{
+		{name: "slow", faults: faultnet.Faults{
 			Up:   faultnet.Flow{DelayRate: 0.02, Delay: 400 * time.Millisecond},
 			Down: faultnet.Flow{DelayRate: 0.02, Delay: 400 * time.Millisecond}}},
-		{"lost replies", faultnet.Faults{Down: faultnet.Flow{CutRate: 0.01}}},
-		{"cut requests", faultnet.Faults{Up: faultnet.Flow{CutRate: 0.01}}},
-		{"mixed", faultnet.Faults{
-			Up:   faultnet.Flow{DelayRate: 0.02, Delay: 400 * time.Millisecond, CutRate: 0.005},
-			Down: faultnet.Flow{DelayRate: 0.02, Delay: 400 * time.Millisecond, CutRate: 0.005}}},
+		{name: "lost replies", faults: faultnet.Faults{Down: faultnet.Flow{CutRate: 0.01}}},
+		{name: "cut requests", faults: faultnet.Faults{Up: faultnet.Flow{CutRate: 0.01}}},
+		{name: "mixed", faults: mixed},
+		// The group commit publishing one message per order (the form for
+		// workers that do not decode multi-order messages).
+		{name: "mixed, one message per order", faults: mixed, backend: `group_message = "each"`},
 	}
 	users, stock := 700, int64(600) // 2,100 attempts
 	if os.Getenv(EnvChaos) == "1" {
@@ -51,7 +57,7 @@ func TestRedisNetworkFaults(t *testing.T) {
 			servicetest.Must(t, err, "fault proxy")
 			t.Cleanup(func() { _ = fp.Close() })
 			via := fmt.Sprintf("%s=redis://%s/0", conf.EnvRedisURL, fp.Addr())
-			s := stack.New(t, stack.Options{Backends: 2, Workers: 2, Config: stack.Fast(""),
+			s := stack.New(t, stack.Options{Backends: 2, Workers: 2, Config: stack.FastWith(k.backend, ""),
 				BackendEnv: map[int][]string{0: {via}, 1: {via}}})
 			sale := s.CreateSale(t, saleID(), stock, 1)
 			c := stack.NewCrowd(sale, users, 3, "net")

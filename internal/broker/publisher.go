@@ -541,6 +541,34 @@ func (p *Publisher) Publish(ctx context.Context, o ordermsg.Order) error {
 	return nil
 }
 
+// PublishBatch sends orders (of one activity) as one message, an
+// ordermsg.Batch, and returns nil only once the broker acked it without
+// returning it: every order it carries is then queued; any error is the
+// error of each of them (as Publish's for one order). Its MessageId is
+// BatchMessageID: not an order's id, so that a keyed replay publishing one
+// of its orders alone meanwhile (a harmless copy) does not fail the batch
+// with ErrDuplicate.
+func (p *Publisher) PublishBatch(ctx context.Context, orders []ordermsg.Order) error {
+	if len(orders) == 0 {
+		return nil
+	}
+	body, err := ordermsg.Batch{Orders: orders}.Encode()
+	if err != nil {
+		return fmt.Errorf("publish a batch of %d orders: encode: %w", len(orders), err)
+	}
+	start := time.Now()
+	err = p.publish(ctx, BatchMessageID(orders), "", body)
+	p.metrics.outcome(err, time.Since(start))
+	if err != nil {
+		return fmt.Errorf("publish a batch of %d orders (%s...): %w", len(orders), orders[0].OrderID, err)
+	}
+	return nil
+}
+
+// BatchMessageID is the MessageId of the batch message carrying orders:
+// "batch-" and its first order's id.
+func BatchMessageID(orders []ordermsg.Order) string { return "batch-" + orders[0].OrderID }
+
 // PublishMarker sends the drain marker m to every partition of the order
 // queue, one copy each (type ordermsg.MarkerType, Partition and Partitions
 // set), like an order, and returns nil once the broker confirmed every copy:

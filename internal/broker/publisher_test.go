@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -598,5 +599,50 @@ func TestCloseBoundedWhenTheSocketStalls(t *testing.T) {
 	}
 	if f.pub.Ready() == nil {
 		t.Fatal("closed publisher reports ready")
+	}
+}
+
+// A batch is one message (batch-<first order id>, persistent) whose v2 body
+// carries every order as published alone; unroutable, it is returned like
+// one order, and counted once.
+func TestPublishBatch(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2)
+	orders := []ordermsg.Order{order(9), order(9), order(9)}
+	orders[1].IdempotencyKey = "k"
+	servicetest.Must(t, f.pub.PublishBatch(context.Background(), orders), "publish batch")
+	d, ok, err := f.ch.Get(f.cfg.Topology.Queue, true)
+	servicetest.Must(t, err, "get")
+	if !ok {
+		t.Fatal("confirmed batch is not in the queue")
+	}
+	if d.MessageId != "batch-"+orders[0].OrderID || d.MessageId != BatchMessageID(orders) || d.DeliveryMode != amqp.Persistent {
+		t.Errorf("properties: message id %q mode %d", d.MessageId, d.DeliveryMode)
+	}
+	var b ordermsg.Batch
+	servicetest.Must(t, json.Unmarshal(d.Body, &b), "body")
+	if b.V != ordermsg.BatchVersion || len(b.Orders) != 3 {
+		t.Fatalf("body %s", d.Body)
+	}
+	for i, o := range b.Orders {
+		want := orders[i]
+		want.V = ordermsg.Version
+		if o != want {
+			t.Errorf("order %d = %+v, want %+v", i, o, want)
+		}
+	}
+	if f.depth(t) != 0 {
+		t.Error("more than one message for the batch")
+	}
+	topo := f.cfg.Topology
+	servicetest.Must(t, f.ch.QueueUnbind(topo.Queue, topo.RoutingKey, topo.Exchange, nil), "unbind")
+	if err := f.pub.PublishBatch(context.Background(), orders); !errors.Is(err, ErrReturned) {
+		t.Errorf("unroutable batch: %v, want ErrReturned", err)
+	}
+	if c, r := counter(f.met.confirmed), counter(f.met.returned); c != 1 || r != 1 {
+		t.Errorf("confirmed %v returned %v, want 1 and 1", c, r)
+	}
+	if err := f.pub.PublishBatch(context.Background(), make([]ordermsg.Order, ordermsg.MaxBatch+1)); err == nil {
+		t.Error("a batch over ordermsg.MaxBatch was published")
 	}
 }

@@ -139,3 +139,30 @@ func TestRequeue(t *testing.T) {
 		t.Errorf("sale %+v after the settle, want sold 2, pending 0", s)
 	}
 }
+
+// In a sale of stock shards a requeued record goes to the shard its order id
+// names (the user's home shard): that shard counts it, and a keyed retry on
+// it replays the order.
+func TestRequeueShard(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id, shards = 9, 4
+	warmShards(t, st, rdb, id, 40, 2, shards)
+	u := usersOn(3, shards, 1, "rq")[0]
+	lost := reservation.Decided{OrderID: ordermsg.NewShardOrderID(id, 3, shards), UserID: u, IdempotencyKey: "k", Quantity: 2}
+	if ok, err := st.Requeue(ctx, id, lost, time.Now().Add(time.Minute)); err != nil || !ok {
+		t.Fatalf("requeue = %v %v", ok, err)
+	}
+	for k := 0; k < shards; k++ {
+		p, err := rdb.HGet(ctx, st.ShardKeys(id, k, shards).Meta, "pending").Int64()
+		servicetest.Must(t, err, "pending of shard %d", k)
+		if want := map[bool]int64{true: 2, false: 0}[k == 3]; p != want {
+			t.Errorf("shard %d pending %d, want %d", k, p, want)
+		}
+	}
+	if r, err := buy(ctx, st, id, u, "k", 2); err != nil || r.Outcome != reservation.Replay || r.OrderID != lost.OrderID {
+		t.Errorf("keyed retry = %+v %v, want a replay of %s", r, err, lost.OrderID)
+	}
+}

@@ -329,14 +329,9 @@ var ErrScript = errors.New("unexpected script reply")
 // answered only once no other shard had a unit to give. ErrShards: the sale
 // has another shard count than r.Keys was chosen for; nothing was reserved.
 func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
-	k := r.Keys
-	if k.Meta == "" {
-		k = s.orderKeys(r.ActivityID, r.OrderID)
-		n, err := s.cachedShards(ctx, r.ActivityID)
-		if err != nil {
-			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
-		}
-		k.Shards = n
+	k, err := s.requestKeys(ctx, r)
+	if err != nil {
+		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
 	}
 	for moves := 0; ; moves++ {
 		res, err := s.reserveOn(ctx, r, k)
@@ -389,24 +384,46 @@ func (s *Store) Reserve(ctx context.Context, r Request) (Result, error) {
 	}
 }
 
+// requestKeys are the keys of the shard r reserves in: r.Keys (Store.Home),
+// or when zero the shard r.OrderID names, for the shard count this store
+// last read.
+func (s *Store) requestKeys(ctx context.Context, r Request) (Keys, error) {
+	if r.Keys.Meta != "" {
+		return r.Keys, nil
+	}
+	k := s.orderKeys(r.ActivityID, r.OrderID)
+	n, err := s.cachedShards(ctx, r.ActivityID)
+	if err != nil {
+		return Keys{}, err
+	}
+	k.Shards = n
+	return k, nil
+}
+
+// bucketCount returns the cached bucket count of shard k, reading it on
+// first use in this process rather than guess, so that the reserve sent is
+// the one that runs (a late copy of a guessed one would only be answered
+// "buckets").
+func (s *Store) bucketCount(ctx context.Context, activityID int64, k Keys) (int64, error) {
+	if c, ok := s.buckets.Load(k.Meta); ok {
+		return c.(int64), nil
+	}
+	n, err := s.bucketsOf(ctx, activityID, k)
+	if err != nil {
+		return 0, err
+	}
+	s.buckets.Store(k.Meta, n)
+	return n, nil
+}
+
 // reserveOn runs reserve.lua once on shard k.
 func (s *Store) reserveOn(ctx context.Context, r Request, k Keys) (Result, error) {
-	var n int64
-	if c, ok := s.buckets.Load(k.Meta); ok {
-		n = c.(int64)
-	} else {
-		// First use in this process: read the count rather than guess, so
-		// that the reserve sent is the one that runs (a late copy of a
-		// guessed one would only be answered "buckets").
-		var err error
-		if n, err = s.bucketsOf(ctx, r.ActivityID, k); err != nil {
-			return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
-		}
-		s.buckets.Store(k.Meta, n)
+	n, err := s.bucketCount(ctx, r.ActivityID, k)
+	if err != nil {
+		return Result{}, fmt.Errorf("reserve activity %d: %w", r.ActivityID, err)
 	}
 	var v []any
 	for try := 0; ; try++ {
-		var err error
 		v, err = lua.Reserve.Run(ctx, s.rdb, k.ReserveKeys(n, r.UserID, r.OrderID),
 			r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID, r.TTL.Milliseconds(), n, max(k.Shards, 1)).Slice()
 		if err != nil {
@@ -427,6 +444,104 @@ func (s *Store) reserveOn(ctx context.Context, r Request, k Keys) (Result, error
 		n = num(at(v, 1))
 		s.buckets.Store(k.Meta, n)
 	}
+	return reserveResult(r, v)
+}
+
+// ReserveMulti is Reserve for a group of requests of one shard (equal Keys,
+// as Store.Home gave them, and one TTL) in one round trip
+// (lua/reserve_multi.lua): every request is checked on its own, in order,
+// each seeing what the ones before it reserved, and gets its own Result, or
+// its own error where the script's reply to it does not fit. A request the
+// shard of a sharded sale answers SoldOut or Insufficient is sent again alone
+// through Reserve, which moves units in from the other shards first: a group
+// answers sold out only as Reserve would. err is for the whole call (nothing
+// known of any request: each may or may not have been reserved); ErrShards:
+// the sale has another shard count than the Keys were chosen for, and
+// nothing was reserved.
+func (s *Store) ReserveMulti(ctx context.Context, rs []Request) ([]Result, []error, error) {
+	if len(rs) == 0 {
+		return nil, nil, nil
+	}
+	id := rs[0].ActivityID
+	k, err := s.requestKeys(ctx, rs[0])
+	if err != nil {
+		return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w", len(rs), id, err)
+	}
+	for _, r := range rs[1:] {
+		if r.ActivityID != id || r.Keys != rs[0].Keys || r.TTL != rs[0].TTL {
+			return nil, nil, fmt.Errorf("reserve %d requests: of more than one shard or TTL (%s, %s)", len(rs), rs[0].Keys.Meta, r.Keys.Meta)
+		}
+		if r.Keys.Meta == "" && shardOf(r.OrderID) != shardOf(rs[0].OrderID) {
+			return nil, nil, fmt.Errorf("reserve %d requests: order ids of more than one shard (%s, %s)", len(rs), rs[0].OrderID, r.OrderID)
+		}
+	}
+	n, err := s.bucketCount(ctx, id, k)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w", len(rs), id, err)
+	}
+	var v []any
+	for try := 0; ; try++ {
+		keys := make([]string, 0, 3+2*len(rs))
+		keys = append(keys, k.Meta, k.Deadlines, k.Recovering)
+		args := make([]any, 0, 3+4*len(rs))
+		args = append(args, rs[0].TTL.Milliseconds(), n, max(k.Shards, 1))
+		for _, r := range rs {
+			keys = append(keys, k.Order(n, r.OrderID), k.User(n, r.UserID))
+			args = append(args, r.UserID, r.IdempotencyKey, r.Quantity, r.OrderID)
+		}
+		v, err = lua.ReserveMulti.Run(ctx, s.rdb, keys, args...).Slice()
+		if err != nil {
+			return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w", len(rs), id, err)
+		}
+		if len(v) != len(rs) {
+			return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w: %d replies", len(rs), id, ErrScript, len(v))
+		}
+		// A stale shard or bucket count is answered to every request alike
+		// (nothing done). Shards: the caller chooses the home shard anew;
+		// buckets: once more with the shard's count.
+		first, _ := v[0].([]any)
+		if str(at(first, 0)) == "shards" {
+			s.shards.Store(id, max(int(num(at(first, 1))), 1))
+			return nil, nil, fmt.Errorf("reserve %d requests of activity %d: %w: %d, not %d", len(rs), id, ErrShards, num(at(first, 1)), k.Shards)
+		}
+		if str(at(first, 0)) != "buckets" || try > 0 {
+			break
+		}
+		n = num(at(first, 1))
+		s.buckets.Store(k.Meta, n)
+	}
+	out := make([]Result, len(rs))
+	errs := make([]error, len(rs))
+	soldOut := false // Reserve found no unit on any shard for one of them
+	for i, x := range v {
+		rv, _ := x.([]any)
+		if len(rv) == 0 {
+			errs[i] = fmt.Errorf("reserve activity %d: %w: %v", id, ErrScript, x)
+			continue
+		}
+		out[i], errs[i] = reserveResult(rs[i], rv)
+		if errs[i] != nil || k.Shards <= 1 || (out[i].Outcome != SoldOut && out[i].Outcome != Insufficient) {
+			continue
+		}
+		if soldOut {
+			// No shard had a unit during this call: sold out for this
+			// request too, as Reserve would have answered it.
+			out[i] = Result{Outcome: SoldOut}
+			continue
+		}
+		// This shard's answer alone: the units of the others move in first.
+		// Safe to send again: nothing was reserved under its order id.
+		r := rs[i]
+		r.Keys = k
+		out[i], errs[i] = s.Reserve(ctx, r)
+		soldOut = errs[i] == nil && out[i].Outcome == SoldOut
+	}
+	return out, errs, nil
+}
+
+// reserveResult decodes reserve.lua's reply v to r (reserve_multi.lua's to
+// one of its requests).
+func reserveResult(r Request, v []any) (Result, error) {
 	res := Result{Outcome: Outcome(str(v[0]))}
 	switch res.Outcome {
 	case Reserved:
@@ -520,10 +635,11 @@ func (s *Store) MarkQueued(ctx context.Context, activityID int64, orderID string
 // Requeue writes back, counted, the record of an order whose message the
 // broker confirmed after Redis lost the sale (MarkQueued found no record):
 // a queued pending record, its units pending and the user's, its key bound
-// (lua/requeued.lua). It reports whether it wrote it; nothing changes when
-// Redis knows the order or holds no live sale.
+// (lua/requeued.lua), on the stock shard its id names. It reports whether
+// it wrote it; nothing changes when Redis knows the order or holds no live
+// sale.
 func (s *Store) Requeue(ctx context.Context, activityID int64, o Decided, deadline time.Time) (bool, error) {
-	k := s.Keys(activityID)
+	k := s.orderKeys(activityID, o.OrderID)
 	n, err := lua.Requeued.Run(ctx, s.rdb, []string{k.Meta, k.Deadlines},
 		o.OrderID, o.Quantity, o.UserID, deadline.UnixMilli(), o.IdempotencyKey).Int64()
 	if err != nil {

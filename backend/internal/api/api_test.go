@@ -52,6 +52,20 @@ func (h *hookPublisher) Publish(ctx context.Context, o ordermsg.Order) error {
 	return err
 }
 
+// PublishBatch runs the hook for each order of the batch with the batch's
+// outcome; the first outcome the hook replaces is the batch's.
+func (h *hookPublisher) PublishBatch(ctx context.Context, orders []ordermsg.Order) error {
+	err := h.real.PublishBatch(ctx, orders)
+	if h.hook != nil {
+		for _, o := range orders {
+			if e := h.hook(o, err); e != err {
+				return e
+			}
+		}
+	}
+	return err
+}
+
 func (h *hookPublisher) PublishMarker(ctx context.Context, m ordermsg.Marker) error {
 	return h.real.PublishMarker(ctx, m)
 }

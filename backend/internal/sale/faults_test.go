@@ -37,7 +37,16 @@ type rig struct {
 	topo   broker.Topology
 	// publish, when set, runs instead of the real publish.
 	publish atomic.Pointer[func(ctx context.Context, o ordermsg.Order) error]
-	real    *broker.Publisher
+	// publishBatch, when set, runs instead of the real batch publish.
+	publishBatch atomic.Pointer[func(ctx context.Context, orders []ordermsg.Order) error]
+	real         *broker.Publisher
+}
+
+func (r *rig) PublishBatch(ctx context.Context, orders []ordermsg.Order) error {
+	if f := r.publishBatch.Load(); f != nil {
+		return (*f)(ctx, orders)
+	}
+	return r.real.PublishBatch(ctx, orders)
 }
 
 func (r *rig) Publish(ctx context.Context, o ordermsg.Order) error {
@@ -84,6 +93,7 @@ func newRigWith(t *testing.T, tune func(*sale.Config)) *rig {
 	scfg := sale.Config{
 		ReservationTTL: 30 * time.Second, RedisTimeout: time.Second, PublishTimeout: 2 * time.Second,
 		QueryTimeout: 5 * time.Second, SoldOutTTL: time.Second, RecoveryMax: time.Hour,
+		GroupMax: conf.Default().Backend.GroupMax, GroupLinger: conf.Default().Backend.GroupLinger.Duration,
 	}
 	if tune != nil {
 		tune(&scfg)

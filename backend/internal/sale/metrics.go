@@ -18,6 +18,7 @@ type Metrics struct {
 	waits        *prometheus.CounterVec
 	waiters      prometheus.Gauge
 	undos        *prometheus.CounterVec
+	groupSize    prometheus.Histogram
 }
 
 // stateReadResults label the sale-state reads: answered from the cache,
@@ -48,6 +49,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Background undos of reserves that failed (the reserve may have run), by the answer: released, claimed/confirmed/failed (a keyed retry took the order over), gave_up (deadline reached or shutdown; the sweeper expires it), skipped (too many at once; the sweeper expires it).",
 		}, []string{"result"}),
 	}
+	m.groupSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "seckill_backend", Name: "reserve_group_size",
+		Help:    "Purchases of one sale shard reserved in one script call (the group commit; 1: a purchase that found its shard idle).",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024},
+	})
 	reads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "seckill_backend", Name: "sale_state_reads_total",
 		Help: "Sale-state reads by result: hit (local cache), joined (a flight in progress), miss (started a flight), fallback (the flight read MySQL), stale (answered the last known state).",
@@ -64,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Namespace: "seckill_backend", Name: "order_waiters",
 		Help: "Order long-polls waiting now.",
 	})
-	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds, reads, m.waits, m.waiters, m.undos)
+	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds, reads, m.waits, m.waiters, m.undos, m.groupSize)
 	return m
 }
 
@@ -115,5 +121,11 @@ func (m *Metrics) waiting(delta float64) {
 func (m *Metrics) undone(result string) {
 	if m != nil {
 		m.undos.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) grouped(n int) {
+	if m != nil {
+		m.groupSize.Observe(float64(n))
 	}
 }

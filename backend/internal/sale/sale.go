@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/seckill/seckill/backend/internal/coalesce"
 	"github.com/seckill/seckill/backend/internal/orderwait"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
@@ -32,10 +33,11 @@ var (
 	ErrConflict = errors.New("conflicting change")
 )
 
-// Publisher hands an order, or a drain marker, to the broker; nil only after
-// the broker confirmed.
+// Publisher hands an order, a group's orders as one message, or a drain
+// marker to the broker; nil only after the broker confirmed.
 type Publisher interface {
 	Publish(ctx context.Context, o ordermsg.Order) error
+	PublishBatch(ctx context.Context, orders []ordermsg.Order) error
 	PublishMarker(ctx context.Context, m ordermsg.Marker) error
 }
 
@@ -59,6 +61,15 @@ type Config struct {
 	// ends it as soon as the queue has delivered what was queued before;
 	// this bound only matters if no marker ever gets through.
 	RecoveryMax time.Duration
+	// GroupMax and GroupLinger shape the group commit (group.go, package
+	// coalesce): the most purchases of one shard reserved in one call, and
+	// the longest a purchase waits for a running group of its shard. 0 or 1:
+	// every purchase alone.
+	GroupMax    int
+	GroupLinger time.Duration
+	// GroupBatch publishes a group's new orders as one message
+	// (ordermsg.Batch) instead of one message each.
+	GroupBatch bool
 }
 
 // Service runs purchases and admin changes.
@@ -79,6 +90,10 @@ type Service struct {
 	// afterWarm, when set (tests), runs once an admin change's warm has
 	// built the sale anew, before anything else happens.
 	afterWarm func(id int64)
+	// beforeGroupPublish, when set (tests), runs after a group's reserve,
+	// before the publish of its message.
+	beforeGroupPublish func(orders []ordermsg.Order)
+	groups             *coalesce.Coalescer[reservation.Keys, *groupCall]
 
 	markersMu sync.Mutex
 	markers   map[int64]markerSent // the last drain marker sent per recovering activity
@@ -94,7 +109,7 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 	if cfg.NegativeTTL <= 0 {
 		cfg.NegativeTTL = time.Second
 	}
-	return &Service{
+	s := &Service{
 		store: store, db: db, pub: pub, cfg: cfg, log: log, m: m,
 		soldOut:   soldout.NewFlags(cfg.SoldOutTTL),
 		missing:   soldout.NewFlags(cfg.NegativeTTL),
@@ -106,6 +121,8 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 		undoSlots: make(chan struct{}, maxUndos),
 		markers:   map[int64]markerSent{},
 	}
+	s.groups = coalesce.New(cfg.GroupMax, cfg.GroupLinger, s.runGroup)
+	return s
 }
 
 // Outcome is how a purchase was decided (not an error): the purchase
@@ -164,7 +181,7 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 		return PurchaseResult{}, ErrActivityNotFound
 	}
 	epoch := s.soldOut.Token()
-	res, err := s.reserve(ctx, r)
+	res, msg, err := s.reserve(ctx, r)
 	if err != nil {
 		return PurchaseResult{}, err
 	}
@@ -181,7 +198,7 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 			s.missing.Set(r.ActivityID, missEpoch, s.now())
 			return PurchaseResult{}, ErrActivityNotFound
 		}
-		if res, err = s.reserve(ctx, r); err != nil {
+		if res, msg, err = s.reserve(ctx, r); err != nil {
 			return PurchaseResult{}, err
 		}
 		if res.Outcome == reservation.NotFound {
@@ -190,7 +207,7 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	}
 	switch res.Outcome {
 	case reservation.Reserved:
-		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline), false)
+		return s.publish(ctx, r, s.orderOf(r, res.OrderID, r.Quantity, res.Deadline), msg, false)
 	case reservation.Unsure:
 		// The sale recovers from a Redis loss: make sure its drain marker
 		// is on its way, then answer from MySQL what Redis cannot.
@@ -251,38 +268,37 @@ func (s *Service) archived(ctx context.Context, r PurchaseRequest) (PurchaseResu
 	return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: true}, nil
 }
 
-// reserve runs reserve.lua with its own timeout. The order id is chosen
-// before the call, so the script is idempotent on it. Any error may hide a
+// reserve runs reserve.lua with its own timeout, in the group of its shard
+// (group.go): msg is the group's message when it carries the order. The
+// order id is chosen before the call, so the script is idempotent on it. Any error may hide a
 // reserve that ran (a lost reply, a reply slower than the timeout, a request
 // still on its way to Redis): the order id is then undone in the background
 // (a tombstone the late reserve refuses) and the caller answers 503. An
 // order id collision (128 random bits: practically never) is retried once.
-func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.Result, error) {
+func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.Result, *groupMessage, error) {
 	for attempt := 0; ; attempt++ {
-		rctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
 		start := time.Now()
-		// The user's home shard, and an order id that names it.
-		home, err := s.store.Home(rctx, r.ActivityID, r.UserID)
+		// The user's home shard, and an order id that names it; purchases
+		// of one home shard share a group.
+		hctx, cancel := context.WithTimeout(ctx, s.cfg.RedisTimeout)
+		home, err := s.store.Home(hctx, r.ActivityID, r.UserID)
+		cancel()
 		if err != nil {
-			cancel()
 			s.m.reserved("error", time.Since(start))
-			return reservation.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return reservation.Result{}, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		req := reservation.Request{
 			ActivityID: r.ActivityID, UserID: r.UserID, IdempotencyKey: r.IdempotencyKey,
 			Quantity: r.Quantity, OrderID: ordermsg.NewShardOrderID(r.ActivityID, home.Shard, home.Shards), TTL: s.cfg.ReservationTTL,
 			Keys: home,
 		}
-		res, err := s.store.Reserve(rctx, req)
-		cancel()
+		res, msg, err := s.reserveIn(r, req)
 		if err != nil && !timedOut(err) && ctx.Err() == nil {
 			// A broken connection (EOF, reset, a failed dial), not a slow
 			// Redis: the same call once more on a fresh connection. Safe,
 			// since reserve.lua is idempotent on the order id; it is what
 			// go-redis's own retries did, without re-running it blindly.
-			rctx, cancel = context.WithTimeout(ctx, s.cfg.RedisTimeout)
-			res, err = s.store.Reserve(rctx, req)
-			cancel()
+			res, msg, err = s.reserveIn(r, req)
 		}
 		if errors.Is(err, reservation.ErrShards) && attempt == 0 {
 			continue // nothing reserved: choose the home shard anew
@@ -290,19 +306,19 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 		if err != nil {
 			s.m.reserved("error", time.Since(start))
 			s.undoLater(r, req.OrderID, reasonReserveFailed, start.Add(s.cfg.ReservationTTL))
-			return reservation.Result{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return reservation.Result{}, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		s.m.reserved(string(res.Outcome), time.Since(start))
 		if res.Outcome == reservation.Undone {
 			// Only this request's own undo writes a tombstone under its id,
 			// and it runs after an error, which returned above.
-			return reservation.Result{}, fmt.Errorf("%w: order %s undone before its reserve", ErrUnavailable, req.OrderID)
+			return reservation.Result{}, nil, fmt.Errorf("%w: order %s undone before its reserve", ErrUnavailable, req.OrderID)
 		}
 		if res.Outcome != reservation.IDConflict || attempt > 0 {
 			if res.Outcome == reservation.IDConflict {
-				return reservation.Result{}, fmt.Errorf("%w: order id collision twice", ErrUnavailable)
+				return reservation.Result{}, nil, fmt.Errorf("%w: order id collision twice", ErrUnavailable)
 			}
-			return res, nil
+			return res, msg, nil
 		}
 	}
 }
@@ -427,14 +443,21 @@ func (s *Service) orderOf(r PurchaseRequest, orderID string, qty int64, deadline
 // claim.lua) and answered 503, also when Redis does not answer: nobody
 // publishes the order, the background undo or the sweeper releases it.
 //
+// msg is the group's message carrying o (nil: o is published alone).
+//
 // replay (see adopt): the order was reserved by an earlier attempt of the
 // same key whose outcome this call does not know; it is never undone in
 // Redis with the key (the key may have been answered with this order): any
 // failure is decided in MySQL.
-func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Order, replay bool) (PurchaseResult, error) {
-	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
-	perr := s.pub.Publish(pctx, o)
-	cancel()
+func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Order, msg *groupMessage, replay bool) (PurchaseResult, error) {
+	var perr error
+	if msg != nil {
+		perr = msg.send(ctx, s)
+	} else {
+		pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+		perr = s.pub.Publish(pctx, o)
+		cancel()
+	}
 	accepted := func(status string) (PurchaseResult, error) {
 		return PurchaseResult{Outcome: Accepted, OrderID: o.OrderID, Status: status, Replay: replay}, nil
 	}
@@ -443,6 +466,10 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Ord
 			s.m.purchased("adopted")
 		} else {
 			s.m.purchased("accepted")
+		}
+		if msg != nil {
+			marked, err := msg.mark(o.OrderID)
+			return accepted(s.afterMark(ctx, r, o, marked, err))
 		}
 		return accepted(s.markQueued(ctx, r, o))
 	}
@@ -485,7 +512,7 @@ func (s *Service) publish(ctx context.Context, r PurchaseRequest, o ordermsg.Ord
 // inserted first: 503, the key keeps naming the order; a row there: 202
 // with its status).
 func (s *Service) adopt(ctx context.Context, r PurchaseRequest, o ordermsg.Order) (PurchaseResult, error) {
-	return s.publish(ctx, r, o, true)
+	return s.publish(ctx, r, o, nil, true)
 }
 
 // markQueued notes that the broker confirmed o, and returns the status the
@@ -497,6 +524,14 @@ func (s *Service) markQueued(ctx context.Context, r PurchaseRequest, o ordermsg.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
 	defer cancel()
 	marked, err := s.store.MarkQueued(rctx, r.ActivityID, o.OrderID)
+	return s.afterMark(ctx, r, o, marked, err)
+}
+
+// afterMark is markQueued once the mark was tried (for a group's message,
+// all its orders in one round trip: groupMessage.mark).
+func (s *Service) afterMark(ctx context.Context, r PurchaseRequest, o ordermsg.Order, marked bool, err error) string {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+	defer cancel()
 	if err != nil {
 		s.m.purchased("queued_mark_failed")
 		s.markLater(r.ActivityID, o.OrderID, time.UnixMilli(o.Deadline))

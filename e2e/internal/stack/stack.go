@@ -39,11 +39,15 @@ var AdminToken = func() string {
 // Fast is the config of fault tests: reservations go overdue after 2s, the
 // sweeper looks every 200ms and gives up on a message 2s after the deadline,
 // the reconciler runs every second. worker holds extra [worker] lines.
-func Fast(worker string) string {
+func Fast(worker string) string { return FastWith("", worker) }
+
+// FastWith is Fast with extra [backend] lines too.
+func FastWith(backend, worker string) string {
 	return `
 [backend]
 reservation_ttl = "2s"
 publish_timeout = "1s"
+` + backend + `
 [rabbitmq]
 reconnect_max = "500ms"
 [worker]
