@@ -14,7 +14,8 @@
 -- Meta fields of the protocol, per recipient r: "mo:<r>" = "<seq>:<n>" the
 -- move in flight (at most one per ordered pair), "ms:<r>" the last seq issued
 -- to r; on the recipient, "mi:<d>" the last seq applied from donor d. "mv"
--- counts every move a shard took part in (out here, in by move_in.lua): two
+-- counts every move step a shard took part in (out here, in by move_in.lua,
+-- the record's clearing by move_done.lua): two
 -- equal reads of it bracket a time no move touched the shard, which is how a
 -- buyer tells a sale truly sold out from units in motion (Store.Reserve).
 --

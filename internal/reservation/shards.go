@@ -293,28 +293,31 @@ func (s *Store) rebalance(ctx context.Context, activityID int64, to, shards int,
 }
 
 // soldOut tells whether no shard held a unit at one instant: every shard
-// has none now and took part in no move since mv (rebalance's counts) was
-// read. Reservations only take units, so shards empty at their first read
-// and untouched by moves until their second were all empty at once, at the
-// instant between the two rounds of reads.
+// has none now, has no move in flight (a donor's record "mo:<r>": its units
+// are on the way, in no shard's total), and took part in no move step since
+// mv (rebalance's counts) was read; every step (move_out, move_in,
+// move_done) counts in "mv". A shard no step touched between its two reads
+// was in the state of its second read at the instant between the two
+// rounds, so at that instant no shard held a unit and none was in flight.
+// (A release that gives units back after that instant does not make the
+// answer false: the sale was sold out then.)
 func (s *Store) soldOut(ctx context.Context, activityID int64, shards int, mv []int64) (bool, error) {
-	p := s.rdb.Pipeline()
-	cmds := make([]*redis.SliceCmd, shards)
-	for k := range cmds {
-		cmds[k] = p.HMGet(ctx, s.ShardKeys(activityID, k, shards).Meta, "total", "sold", "pending", "mv")
+	keys := make([]Keys, shards)
+	for k := range keys {
+		keys[k] = s.ShardKeys(activityID, k, shards)
 	}
-	if _, err := p.Exec(ctx); err != nil {
+	metas, err := s.readShards(ctx, keys)
+	if err != nil {
 		return false, fmt.Errorf("read the shards of activity %d: %w", activityID, err)
 	}
-	for k, c := range cmds {
-		v := c.Val()
-		if v[0] == nil {
+	for k, m := range metas {
+		if len(m) == 0 {
 			if mv[k] != -1 {
 				return false, nil
 			}
 			continue
 		}
-		if num(v[0])-num(v[1])-num(v[2]) > 0 || num(v[3]) != mv[k] {
+		if num(m["total"])-num(m["sold"])-num(m["pending"]) > 0 || num(m["mv"]) != mv[k] || len(m.inFlight()) > 0 {
 			return false, nil
 		}
 	}
@@ -400,8 +403,8 @@ func (m shardMeta) inFlight() map[int][2]int64 {
 }
 
 // protocol is what of a shard's meta moves change: its total and its move
-// count; two equal reads of it mean no move touched the shard in between
-// (move_done only clears a record already applied: it moves no unit).
+// count; two equal reads of it mean no move step touched the shard in
+// between (move_done counts too, though it moves no unit).
 func (m shardMeta) protocol() string {
 	return m["total"] + "|" + m["mv"]
 }

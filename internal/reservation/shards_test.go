@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -611,5 +612,73 @@ func TestSlot(t *testing.T) {
 				t.Errorf("Slot(%s) = %d, CLUSTER KEYSLOT %d %v", key, reservation.Slot(key), want, err)
 			}
 		}
+	}
+}
+
+// Units on their way between two shards are in no shard's total: a buyer
+// homed on a third shard, which finds every donor empty, must not be told
+// sold out while they are in flight. Forced: a mover of shard 1's last unit
+// to shard 2 dies after move_out (the record stays); a buyer on shard 0
+// then asks shards 1 and 2, both empty. Before soldOut looked for records in
+// flight (and move_done counted in "mv"), that buyer got sold_out with a
+// unit left.
+func TestSoldOutNotWhileUnitsMoveBetweenOtherShards(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	const id, shards, stock = 63, 3, 3
+	warmShards(t, st, rdb, id, stock, 1, shards)
+	if totals, _ := shardTotals(t, st, rdb, id, shards); !reflect.DeepEqual(totals, []int64{1, 1, 1}) {
+		t.Fatalf("shard totals %v, want one unit each", totals)
+	}
+	on := [][]string{usersOn(0, shards, 3, "a"), usersOn(1, shards, 3, "b"), usersOn(2, shards, 3, "c")}
+	for _, u := range []string{on[0][0], on[2][0]} { // shards 0 and 2 sell their own unit
+		if r, err := buy(ctx, st, id, u, "", 1); err != nil || r.Outcome != reservation.Reserved {
+			t.Fatalf("buy %s = %+v %v", u, r, err)
+		}
+	}
+	died := errors.New("mover died")
+	var armed atomic.Bool
+	armed.Store(true)
+	reservation.SetMoveHook(st, func(s string) error {
+		if s == "out" && armed.CompareAndSwap(true, false) {
+			return died
+		}
+		return nil
+	})
+	// A buyer on shard 2 (empty) moves shard 1's last unit, and dies.
+	if _, err := buy(ctx, st, id, on[2][1], "", 1); !errors.Is(err, died) {
+		t.Fatalf("abandoned move: %v", err)
+	}
+	if _, inFlight := shardTotals(t, st, rdb, id, shards); inFlight != 1 {
+		t.Fatalf("%d units in flight, want 1", inFlight)
+	}
+	r, err := buy(ctx, st, id, on[0][1], "", 1)
+	if err == nil && r.Outcome == reservation.SoldOut {
+		t.Fatalf("sold out with a unit in flight from shard 1 to shard 2")
+	}
+	t.Logf("buyer on shard 0 while the unit is in flight: %+v %v", r, err)
+	// Once the move is completed the unit sells, and only then is the sale sold out.
+	if _, err := st.CompleteMoves(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	sold := 2
+	if err == nil && r.Outcome == reservation.Reserved {
+		sold++
+	}
+	for _, u := range []string{on[0][2], on[1][0], on[1][1]} {
+		r, err := buy(ctx, st, id, u, "", 1)
+		servicetest.Must(t, err, "buy %s", u)
+		switch {
+		case r.Outcome == reservation.Reserved:
+			sold++
+		case r.Outcome == reservation.SoldOut && sold == stock:
+		default:
+			t.Fatalf("buy %s after the move completed (%d sold) = %+v", u, sold, r)
+		}
+	}
+	if sold != stock {
+		t.Fatalf("sold %d, want %d", sold, stock)
 	}
 }
