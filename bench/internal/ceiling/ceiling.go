@@ -228,31 +228,11 @@ func Transactions(ctx context.Context, cfg conf.MySQL, database string, d time.D
 		}
 		return t.Commit()
 	}
-	var committed atomic.Int64
-	errs := make(chan error, conns)
-	start := time.Now()
-	end := start.Add(d)
-	var wg sync.WaitGroup
-	for range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(end) {
-				if err := tx(); err != nil {
-					errs <- err
-					return
-				}
-				committed.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	took := time.Since(start)
-	close(errs)
-	if err := <-errs; err != nil {
+	committed, took, err := saturate(conns, d, tx)
+	if err != nil {
 		return Result{}, fmt.Errorf("transaction ceiling: %w", err)
 	}
-	orders := committed.Load() * Batch
+	orders := committed * Batch
 	var rows, sold int64
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders WHERE activity_id = ?", activity).Scan(&rows); err != nil {
 		return Result{}, fmt.Errorf("transaction ceiling: count: %w", err)
@@ -294,45 +274,28 @@ func Scripts(ctx context.Context, rdb reservation.Client, prefix string, activit
 		}
 		_ = st.Deactivate(dctx, activityID)
 	}()
-	var calls, users atomic.Int64
-	errs := make(chan error, conns)
-	start := time.Now()
-	end := start.Add(d)
-	var wg sync.WaitGroup
-	for range conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(end) {
-				u := users.Add(1)
-				res, err := st.Reserve(ctx, reservation.Request{ActivityID: activityID, UserID: fmt.Sprintf("u%d", u),
-					Quantity: 1, OrderID: ordermsg.NewOrderID(activityID), TTL: time.Hour})
-				if err == nil && res.Outcome != reservation.Reserved {
-					err = fmt.Errorf("call answered %q", res.Outcome)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				calls.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	took := time.Since(start)
-	close(errs)
-	if err := <-errs; err != nil {
+	var users atomic.Int64
+	calls, took, err := saturate(conns, d, func() error {
+		u := users.Add(1)
+		res, err := st.Reserve(ctx, reservation.Request{ActivityID: activityID, UserID: fmt.Sprintf("u%d", u),
+			Quantity: 1, OrderID: ordermsg.NewOrderID(activityID), TTL: time.Hour})
+		if err == nil && res.Outcome != reservation.Reserved {
+			err = fmt.Errorf("call answered %q", res.Outcome)
+		}
+		return err
+	})
+	if err != nil {
 		return Result{}, fmt.Errorf("reserve ceiling: %w", err)
 	}
 	sale, found, err := st.Sale(ctx, activityID)
 	if err != nil || !found {
 		return Result{}, fmt.Errorf("reserve ceiling: read sale %d: found %v, %v", activityID, found, err)
 	}
-	if sale.Pending != calls.Load() {
-		return Result{}, fmt.Errorf("reserve ceiling: %d calls reserved, Redis holds %d pending units", calls.Load(), sale.Pending)
+	if sale.Pending != calls {
+		return Result{}, fmt.Errorf("reserve ceiling: %d calls reserved, Redis holds %d pending units", calls, sale.Pending)
 	}
-	return result(Reserve, "calls/s", calls.Load(), took, conns,
-		fmt.Sprintf("%d reserve.lua calls (reservation.Store.Reserve, each a fresh user) from %d goroutines", calls.Load(), conns)), nil
+	return result(Reserve, "calls/s", calls, took, conns,
+		fmt.Sprintf("%d reserve.lua calls (reservation.Store.Reserve, each a fresh user) from %d goroutines", calls, conns)), nil
 }
 
 // Results are the ceilings of one run, by name.
@@ -346,4 +309,32 @@ func (rs Results) Get(name string) (Result, bool) {
 		}
 	}
 	return Result{}, false
+}
+
+// saturate runs op from conns goroutines, each as fast as it returns, for d;
+// it reports how many calls succeeded and how long the run took, or the
+// first error (its goroutine stops there, the others run out their time).
+func saturate(conns int, d time.Duration, op func() error) (int64, time.Duration, error) {
+	var n atomic.Int64
+	errs := make(chan error, conns)
+	start := time.Now()
+	end := start.Add(d)
+	var wg sync.WaitGroup
+	for range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				if err := op(); err != nil {
+					errs <- err
+					return
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	close(errs)
+	return n.Load(), took, <-errs
 }
