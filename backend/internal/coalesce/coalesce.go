@@ -10,12 +10,27 @@
 // so a slow group (a slow Redis) delays the next by Linger at most, and
 // groups of one key may then run side by side. A group runs on the
 // goroutine of one of its callers: no goroutine is started per group.
+//
+// A run that panics is recovered: every call of its group gets a
+// *PanicError (the run may have done any part of its work), and the key's
+// later calls go on as usual.
 package coalesce
 
 import (
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 )
+
+// PanicError is what Do returns to every call of a group whose run
+// panicked.
+type PanicError struct {
+	Value any    // what the run panicked with
+	Stack []byte // the run's stack at the panic
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("coalesce: group run panicked: %v", e.Value) }
 
 // Coalescer groups calls by key K; T is what one call hands to the group
 // (typically a pointer the group's run fills in with the call's result).
@@ -23,6 +38,8 @@ type Coalescer[K comparable, T any] struct {
 	max    int
 	linger time.Duration
 	run    func(key K, group []T)
+	// panicked, when set (OnPanic), learns of each run that panicked, once.
+	panicked func(key K, err *PanicError)
 
 	mu    sync.Mutex
 	lanes map[K]*lane[T]
@@ -39,9 +56,10 @@ type lane[T any] struct {
 }
 
 // waiter is one call waiting in a queue: it is sent either nil (its group
-// ran: done) or the group it is to run itself (it is in it).
+// ran: done, with err) or the group it is to run itself (it is in it).
 type waiter[T any] struct {
 	item T
+	err  error // set by the group's leader before it sends nil
 	ch   chan []*waiter[T]
 }
 
@@ -58,11 +76,15 @@ func New[K comparable, T any](max int, linger time.Duration, run func(key K, gro
 
 func max0(d time.Duration) time.Duration { return max(d, 0) }
 
-// Do runs item in a group of key and returns once that group's run returned.
-func (c *Coalescer[K, T]) Do(key K, item T) {
+// OnPanic sets f to learn of every group run that panicked (once per
+// group, on the goroutine that ran it); set it before the first Do.
+func (c *Coalescer[K, T]) OnPanic(f func(key K, err *PanicError)) { c.panicked = f }
+
+// Do runs item in a group of key and returns once that group's run returned:
+// nil, or a *PanicError when the run panicked.
+func (c *Coalescer[K, T]) Do(key K, item T) error {
 	if c.max == 1 {
-		c.run(key, []T{item})
-		return
+		return c.safeRun(key, []T{item})
 	}
 	w, _ := c.pool.Get().(*waiter[T])
 	if w == nil {
@@ -71,7 +93,7 @@ func (c *Coalescer[K, T]) Do(key K, item T) {
 	w.item = item
 	defer func() {
 		var zero T
-		w.item = zero
+		w.item, w.err = zero, nil
 		c.pool.Put(w)
 	}()
 	c.mu.Lock()
@@ -84,15 +106,13 @@ func (c *Coalescer[K, T]) Do(key K, item T) {
 		// Idle: at once, alone.
 		l.running++
 		c.mu.Unlock()
-		c.lead(key, l, []*waiter[T]{w}, w)
-		return
+		return c.lead(key, l, []*waiter[T]{w}, w)
 	}
 	l.queue = append(l.queue, w)
 	if len(l.queue) >= c.max || c.linger == 0 {
 		g := c.take(l)
 		c.mu.Unlock()
-		c.lead(key, l, g, w)
-		return
+		return c.lead(key, l, g, w)
 	}
 	if len(l.queue) == 1 {
 		l.queuedAt = time.Now()
@@ -100,8 +120,9 @@ func (c *Coalescer[K, T]) Do(key K, item T) {
 	}
 	c.mu.Unlock()
 	if g := <-w.ch; g != nil {
-		c.lead(key, l, g, w)
+		return c.lead(key, l, g, w)
 	}
+	return w.err
 }
 
 // Queued reports how many calls of key wait for a group now.
@@ -158,16 +179,33 @@ func (c *Coalescer[K, T]) take(l *lane[T]) []*waiter[T] {
 	return g
 }
 
+// safeRun runs one group, recovering a panic of run as a *PanicError.
+func (c *Coalescer[K, T]) safeRun(key K, items []T) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			pe := &PanicError{Value: v, Stack: debug.Stack()}
+			if c.panicked != nil {
+				c.panicked(key, pe)
+			}
+			err = pe
+		}
+	}()
+	c.run(key, items)
+	return nil
+}
+
 // lead runs group g (self among it) on this goroutine, wakes its other
 // callers, and hands the queue that built up meanwhile to the first of it.
-func (c *Coalescer[K, T]) lead(key K, l *lane[T], g []*waiter[T], self *waiter[T]) {
+// It returns the run's error (every caller of g gets it).
+func (c *Coalescer[K, T]) lead(key K, l *lane[T], g []*waiter[T], self *waiter[T]) error {
 	items := make([]T, len(g))
 	for i, w := range g {
 		items[i] = w.item
 	}
-	c.run(key, items)
+	err := c.safeRun(key, items)
 	for _, w := range g {
 		if w != self {
+			w.err = err
 			w.ch <- nil
 		}
 	}
@@ -180,7 +218,7 @@ func (c *Coalescer[K, T]) lead(key K, l *lane[T], g []*waiter[T], self *waiter[T
 		}
 		c.mu.Unlock()
 		next[0].ch <- next
-		return
+		return err
 	}
 	if l.running == 0 {
 		if l.timer != nil {
@@ -189,4 +227,5 @@ func (c *Coalescer[K, T]) lead(key K, l *lane[T], g []*waiter[T], self *waiter[T
 		delete(c.lanes, key)
 	}
 	c.mu.Unlock()
+	return err
 }

@@ -1,6 +1,7 @@
 package coalesce_test
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -199,4 +200,66 @@ func TestEveryCallRunsOnce(t *testing.T) {
 		t.Errorf("%d groups for %d calls, biggest %d: nothing was gathered", groups.Load(), calls, biggest.Load())
 	}
 	t.Logf("%d calls in %d groups (biggest %d)", calls, groups.Load(), biggest.Load())
+}
+
+// A run that panics is recovered: every call of its group gets the same
+// *PanicError (none hangs), OnPanic hears of it once, and the key's calls
+// queued meanwhile and later run as usual.
+func TestPanicReachesEveryCallOfItsGroup(t *testing.T) {
+	r := newRecorder()
+	var reported atomic.Int64
+	c := coalesce.New(8, time.Hour, func(key string, g []int) {
+		r.run(key, g)
+		if g[0] != 0 && g[0] != 6 { // the group of 1..5
+			panic("boom")
+		}
+	})
+	c.OnPanic(func(key string, err *coalesce.PanicError) {
+		if key != "a" || err.Value != "boom" || len(err.Stack) == 0 {
+			t.Errorf("OnPanic(%q, %+v)", key, err)
+		}
+		reported.Add(1)
+	})
+	release := r.hold(0)
+	var done sync.WaitGroup
+	done.Go(func() {
+		if err := c.Do("a", 0); err != nil {
+			t.Errorf("call 0: %v", err)
+		}
+	})
+	waitRan(t, r)
+	errs := make([]error, 5)
+	for i := 1; i <= 5; i++ { // one group: 1..5, whose run panics
+		done.Go(func() { errs[i-1] = c.Do("a", i) })
+	}
+	coalesce.WaitQueued(t, c, "a", 5)
+	close(release)
+	waitRan(t, r)
+	finished := make(chan struct{})
+	go func() { done.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a call of the panicked group never returned")
+	}
+	var first *coalesce.PanicError
+	for i, err := range errs {
+		var pe *coalesce.PanicError
+		if !errors.As(err, &pe) || (first != nil && pe != first) {
+			t.Errorf("call %d: %v, want the group's *PanicError", i+1, err)
+		}
+		first = pe
+	}
+	if n := reported.Load(); n != 1 {
+		t.Errorf("OnPanic called %d times, want once", n)
+	}
+	if err := c.Do("a", 6); err != nil || c.Queued("a") != 0 {
+		t.Fatalf("after the panic: %v, queued %d", err, c.Queued("a"))
+	}
+	// A group of one (max 1) panics the same way.
+	one := coalesce.New(1, 0, func(string, []int) { panic("alone") })
+	var pe *coalesce.PanicError
+	if err := one.Do("a", 1); !errors.As(err, &pe) || pe.Value != "alone" {
+		t.Fatalf("max 1: %v", err)
+	}
 }

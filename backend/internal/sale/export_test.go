@@ -18,3 +18,7 @@ func SetBeforeGroupPublish(s *Service, f func(orders []ordermsg.Order)) { s.befo
 func GroupQueued(s *Service, id int64) int {
 	return s.groups.Queued(s.store.ShardKeys(id, 0, 1))
 }
+
+// SetAfterGroupReserve sets the hook that runs once a group's reserve call
+// of n purchases returned (a test panics there).
+func SetAfterGroupReserve(s *Service, f func(n int)) { s.afterGroupReserve = f }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/seckill/seckill/backend/internal/coalesce"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 )
@@ -46,8 +47,18 @@ type groupMessage struct {
 // result, and the group's message when its order is carried by one.
 func (s *Service) reserveIn(r PurchaseRequest, req reservation.Request) (reservation.Result, *groupMessage, error) {
 	c := &groupCall{r: r, req: req}
-	s.groups.Do(req.Keys, c)
+	if err := s.groups.Do(req.Keys, c); err != nil {
+		// The group's run panicked (a bug, logged once by groupPanicked):
+		// any of its requests may have been reserved, so each is an error
+		// its caller undoes, never a message sent.
+		return reservation.Result{}, nil, err
+	}
 	return c.res, c.msg, c.err
+}
+
+// groupPanicked logs a group run that panicked (coalesce.OnPanic).
+func (s *Service) groupPanicked(keys reservation.Keys, err *coalesce.PanicError) {
+	s.log.Error("group reserve panicked; its purchases are answered 503 and undone", "meta", keys.Meta, "panic", err.Value, "stack", string(err.Stack))
 }
 
 // runGroup reserves a group of one shard in one call with its own Redis
@@ -67,6 +78,9 @@ func (s *Service) runGroup(_ reservation.Keys, g []*groupCall) {
 		reqs[i] = c.req
 	}
 	res, errs, err := s.store.ReserveMulti(ctx, reqs)
+	if s.afterGroupReserve != nil {
+		s.afterGroupReserve(len(g))
+	}
 	for i, c := range g {
 		if err != nil {
 			c.err = err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -420,5 +421,41 @@ func TestGroupStoppedBeforeItsPublish(t *testing.T) {
 	}
 	if q := r.bodies(t); len(q) != 1 || q[0][0] != orders[0].OrderID {
 		t.Errorf("queued %v, want the adopted order alone", q)
+	}
+}
+
+// A group whose run panics after its reserve call reserved (a bug, forced by
+// a hook) answers each of its purchases 503 and keeps nothing: every one is
+// undone (units and keys back, no message), the process goes on, and the
+// shard's next purchase runs as usual.
+func TestGroupPanicAnswers503AndKeepsNothing(t *testing.T) {
+	t.Parallel()
+	r := groupRig(t)
+	var once sync.Once
+	sale.SetAfterGroupReserve(r.svc, func(n int) {
+		if n > 1 {
+			once.Do(func() { panic("forced by the test") })
+		}
+	})
+	var reqs []sale.PurchaseRequest
+	for _, u := range []string{"p1", "p2", "p3", "p4"} {
+		reqs = append(reqs, req(u, "k-"+u))
+	}
+	for i, a := range r.burst(t, "pilot-panic", reqs) {
+		if !errors.Is(a.err, sale.ErrUnavailable) || !strings.Contains(a.err.Error(), "group run panicked: forced by the test") {
+			t.Errorf("buyer %s: %+v %v, want 503 from the group's panic", reqs[i].UserID, a.res, a.err)
+		}
+	}
+	eventually(t, "the group's reservations undone", func() bool {
+		s := r.sale(t)
+		return s.Pending == 0 && s.Sold == 0
+	})
+	if q := r.bodies(t); len(q) != 0 {
+		t.Errorf("queue holds %v after the panicked group, want nothing", q)
+	}
+	// The key was given back: the same request buys anew, at once.
+	res, err := r.svc.Purchase(context.Background(), reqs[0])
+	if err != nil || res.Outcome != sale.Accepted || res.Replay {
+		t.Fatalf("after the panic: %+v %v, want a new order", res, err)
 	}
 }

@@ -93,7 +93,10 @@ type Service struct {
 	// beforeGroupPublish, when set (tests), runs after a group's reserve,
 	// before the publish of its message.
 	beforeGroupPublish func(orders []ordermsg.Order)
-	groups             *coalesce.Coalescer[reservation.Keys, *groupCall]
+	// afterGroupReserve, when set (tests), runs once a group's reserve call
+	// of n purchases returned, before its results are handed out.
+	afterGroupReserve func(n int)
+	groups            *coalesce.Coalescer[reservation.Keys, *groupCall]
 
 	markersMu sync.Mutex
 	markers   map[int64]markerSent // the last drain marker sent per recovering activity
@@ -122,6 +125,7 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 		markers:   map[int64]markerSent{},
 	}
 	s.groups = coalesce.New(cfg.GroupMax, cfg.GroupLinger, s.runGroup)
+	s.groups.OnPanic(s.groupPanicked)
 	return s
 }
 
@@ -293,15 +297,23 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 			Keys: home,
 		}
 		res, msg, err := s.reserveIn(r, req)
-		if err != nil && !timedOut(err) && ctx.Err() == nil {
+		retried := false
+		var pe *coalesce.PanicError
+		if err != nil && !timedOut(err) && !errors.As(err, &pe) && ctx.Err() == nil {
 			// A broken connection (EOF, reset, a failed dial), not a slow
 			// Redis: the same call once more on a fresh connection. Safe,
 			// since reserve.lua is idempotent on the order id; it is what
 			// go-redis's own retries did, without re-running it blindly.
+			retried = true
 			res, msg, err = s.reserveIn(r, req)
 		}
 		if errors.Is(err, reservation.ErrShards) && attempt == 0 {
-			continue // nothing reserved: choose the home shard anew
+			if retried {
+				// The first call's reply was lost: it may have reserved
+				// under this order id before the shard count changed.
+				s.undoLater(r, req.OrderID, reasonReserveFailed, start.Add(s.cfg.ReservationTTL))
+			}
+			continue // nothing reserved under the new count: choose the home shard anew
 		}
 		if err != nil {
 			s.m.reserved("error", time.Since(start))
