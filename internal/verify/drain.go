@@ -71,7 +71,8 @@ func (s DrainStatus) String() string {
 	return fmt.Sprintf("%d ready, %d pending in Redis", s.Ready, s.Pending)
 }
 
-func (s DrainStatus) empty() bool {
+// Empty reports the drain complete as far as this observation sees.
+func (s DrainStatus) Empty() bool {
 	return s.Ready == 0 && s.Pending == 0 && !s.SaleMissing && s.Undecided == 0
 }
 
@@ -105,11 +106,15 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 	deadline := start.Add(timeout)
 	var res DrainResult
 	first := true
-	// drainedAt is when the observation that ended the wait was taken. The
-	// rabbitmqctl second opinion that follows it boots an Erlang VM (1–2 s of
-	// CPU on this box) and must not count as drain time: counting it made the
-	// drain rate and the end-to-end confirmed rate look much slower.
+	// drainedAt is when the drain was first seen complete: the first of the
+	// empty observations that ended the wait. The rabbitmqctl second opinion
+	// that follows one boots an Erlang VM (1–2 s of CPU on this box) and its
+	// count lags by the broker's statistics interval, so it may take several
+	// rounds to agree; that is not drain time (an empty observation already
+	// means every accepted order decided and settled, hence acked): counting
+	// it made the drain rate and the end-to-end confirmed rate look slower.
 	var drainedAt time.Duration
+	emptySince := time.Duration(-1)
 	for {
 		st, err := d.observe(ctx, q, activityID)
 		if err != nil {
@@ -132,7 +137,12 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 		if tick != nil {
 			tick(st, elapsed)
 		}
-		if st.empty() {
+		if !st.Empty() {
+			emptySince = -1
+		} else if emptySince < 0 {
+			emptySince = elapsed
+		}
+		if st.Empty() {
 			unacked, known, err := d.unacked(ctx)
 			if err != nil {
 				res.Problem = err.Error()
@@ -140,7 +150,7 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 			res.Final.Unacked, res.Final.UnackedKnown = unacked, known
 			if !known || unacked == 0 {
 				res.Drained = true
-				drainedAt = elapsed
+				drainedAt = emptySince
 				break
 			}
 		}

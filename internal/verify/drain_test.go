@@ -2,6 +2,7 @@ package verify
 
 import (
 	"context"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -118,5 +119,32 @@ func TestDrainWaitsForTheSaleInRedis(t *testing.T) {
 	servicetest.Must(t, err, "wait")
 	if res.Drained || !strings.Contains(res.Problem, "sale missing in Redis") {
 		t.Errorf("got %+v", res)
+	}
+}
+
+// The drain time ends at the first empty observation, not after the
+// rabbitmqctl rounds that confirm it: its count lags (here a stand-in that
+// takes 300 ms a call and reports one stale unacked message twice).
+func TestDrainTimeEndsWhenFirstSeenEmpty(t *testing.T) {
+	d, _ := drainFixture(t, 0, 0)
+	dir := t.TempDir()
+	calls := dir + "/calls"
+	script := dir + "/rabbitmqctl"
+	servicetest.Must(t, os.WriteFile(script, []byte(`#!/bin/sh
+sleep 0.3
+echo x >> `+calls+`
+n=$(wc -l < `+calls+`)
+if [ "$n" -le 2 ]; then echo "`+d.Queue+` 1"; else echo "`+d.Queue+` 0"; fi
+`), 0o755), "script")
+	d.Rabbitmqctl = script
+	start := time.Now()
+	res, err := d.Wait(context.Background(), actID, 10*time.Second, nil)
+	servicetest.Must(t, err, "wait")
+	took := time.Since(start)
+	if !res.Drained || !res.Final.UnackedKnown || res.Final.Unacked != 0 {
+		t.Fatalf("got %+v", res)
+	}
+	if took < 900*time.Millisecond || res.Elapsed > took-800*time.Millisecond {
+		t.Fatalf("drain time %v of a wait of %v: want the time of the first empty observation, before the 3 rabbitmqctl rounds", res.Elapsed, took)
 	}
 }
