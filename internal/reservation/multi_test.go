@@ -273,6 +273,18 @@ func TestMarkQueuedMany(t *testing.T) {
 	if rec, _, _ := st.Order(context.Background(), 331, a.OrderID); !rec.Queued {
 		t.Errorf("record %+v not queued", rec)
 	}
+	// One script call for the message's orders of one shard, not one each.
+	c, d := reserve(t, st, 331, "c", "", 1), reserve(t, st, 331, "d", "", 1)
+	servicetest.Must(t, rdb.ConfigResetStat(context.Background()).Err(), "reset stats")
+	marked, errs = st.MarkQueuedMany(context.Background(), 331, []string{c.OrderID, d.OrderID, a.OrderID})
+	if errs[0] != nil || errs[1] != nil || errs[2] != nil || !marked[0] || !marked[1] || !marked[2] {
+		t.Errorf("marked %v %v, want all three (a again: already queued, marked anew)", marked, errs)
+	}
+	stats, err := rdb.Info(context.Background(), "commandstats").Result()
+	servicetest.Must(t, err, "commandstats")
+	if !strings.Contains(stats, "cmdstat_evalsha:calls=1,") || strings.Contains(stats, "cmdstat_eval:") {
+		t.Errorf("commandstats after marking 3 orders:\n%s\nwant one EVALSHA", stats)
+	}
 }
 
 // TestReserveMultiOnAShardOfASplitSale: groups on one shard of a sale split

@@ -625,11 +625,8 @@ func (s *Store) Undo(ctx context.Context, activityID int64, orderID, reason, use
 // MarkQueued notes on an order's record that the broker confirmed its
 // message (lua/queued.lua); it reports whether the record was marked.
 func (s *Store) MarkQueued(ctx context.Context, activityID int64, orderID string) (bool, error) {
-	n, err := lua.Queued.Run(ctx, s.rdb, []string{s.orderKeys(activityID, orderID).Meta}, orderID).Int64()
-	if err != nil {
-		return false, fmt.Errorf("mark order %s queued: %w", orderID, err)
-	}
-	return n == 1, nil
+	marked, errs := s.MarkQueuedMany(ctx, activityID, []string{orderID})
+	return marked[0], errs[0]
 }
 
 // Requeue writes back, counted, the record of an order whose message the
