@@ -49,8 +49,8 @@ func defaultWorker() Worker {
 	return Worker{
 		Listen:            "127.0.0.1:8091",
 		Consumers:         1,
-		Prefetch:          400,
-		BatchSize:         100,
+		Prefetch:          1000,
+		BatchSize:         500,
 		BatchWait:         D(25 * time.Millisecond),
 		RetryMin:          D(50 * time.Millisecond),
 		RetryMax:          D(5 * time.Second),
