@@ -59,5 +59,5 @@
 -- All keys share the {act:ID} hash tag; TIME is the only clock; nothing is
 -- written before every check has passed.
 
-return reserve_one(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+return reserve_one({}, KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])

@@ -32,6 +32,7 @@ if n < 1 or n ~= math.floor(n) or #ARGV ~= 3 + 4 * n then
   return redis.error_reply('ERR reserve_multi: ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments do not fit')
 end
 local out = {}
+local sc = {}
 local meta = redis.call('HMGET', KEYS[1], 'total', 'shards')
 if meta[1] and (tonumber(meta[2]) or 1) ~= (tonumber(ARGV[3]) or 1) then
   for i = 1, n do
@@ -41,7 +42,7 @@ if meta[1] and (tonumber(meta[2]) or 1) ~= (tonumber(ARGV[3]) or 1) then
 end
 for i = 1, n do
   local a = 3 + 4 * (i - 1)
-  out[i] = reserve_one(KEYS[1], KEYS[2], KEYS[3], KEYS[2 + 2 * i], KEYS[3 + 2 * i],
+  out[i] = reserve_one(sc, KEYS[1], KEYS[2], KEYS[3], KEYS[2 + 2 * i], KEYS[3 + 2 * i],
     ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2], ARGV[3])
 end
 return out

@@ -8,16 +8,25 @@
 -- idempotency key, the quantity, the sale window (Redis TIME), recovery, the
 -- per-user limit, the stock. Nothing is written before every check of the request has passed.
 --
--- reserve_one(meta_key, deadlines_key, recovering_key, orders, users,
+-- reserve_one(sc, meta_key, deadlines_key, recovering_key, orders, users,
 --             a_user, a_key, a_qty, a_oid, a_ttl, a_buckets, a_shards)
+--   sc: what one script call reads once for all its requests (a table, {}
+--     to begin with): the sale's meta, Redis TIME and the recovering mark.
+--     Nothing else changes them during the call but this function's own
+--     pending increments, which it keeps in sc.meta too, so a request still
+--     sees the sale as the ones before it left it.
 --   meta_key, deadlines_key, recovering_key: the sale's meta, deadlines and
 --     recovering keys (reserve.lua's KEYS[1..3]); orders, users: the buckets of
 --     the order's record and of the user's entry (KEYS[4], KEYS[5]); a_user ..
 --     a_shards: reserve.lua's ARGV[1..7] (a_shards nil: 1). Returns reserve.lua's reply.
 
-local function reserve_one(meta_key, deadlines_key, recovering_key, orders, users,
+local function reserve_one(sc, meta_key, deadlines_key, recovering_key, orders, users,
                            a_user, a_key, a_qty, a_oid, a_ttl, a_buckets, a_shards)
-  local meta = redis.call('HMGET', meta_key, 'total', 'sold', 'pending', 'limit', 'start', 'end', 'buckets', 'shards')
+  local meta = sc.meta
+  if not meta then
+    meta = redis.call('HMGET', meta_key, 'total', 'sold', 'pending', 'limit', 'start', 'end', 'buckets', 'shards')
+    sc.meta = meta
+  end
   if not meta[1] then
     return {'not_found'}
   end
@@ -67,17 +76,22 @@ local function reserve_one(meta_key, deadlines_key, recovering_key, orders, user
   if not qty or qty < 1 or qty > limit or qty ~= math.floor(qty) then
     return {'bad_quantity', limit}
   end
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not sc.now then
+    local t = redis.call('TIME')
+    sc.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local now = sc.now
   if now < start_ms then
     return {'not_started', start_ms}
   end
   if now >= end_ms then
     return {'ended', end_ms}
   end
-  local recovering = redis.call('GET', recovering_key)
-  if recovering then
-    return {'unsure', recovering}
+  if sc.recovering == nil then
+    sc.recovering = redis.call('GET', recovering_key) -- false: not recovering
+  end
+  if sc.recovering then
+    return {'unsure', sc.recovering}
   end
   if held + qty > limit then
     return {'limit_exceeded', held, limit}
@@ -91,6 +105,7 @@ local function reserve_one(meta_key, deadlines_key, recovering_key, orders, user
   end
   local deadline = now + tonumber(a_ttl)
   redis.call('HINCRBY', meta_key, 'pending', qty)
+  meta[3] = pending + qty
   if key ~= '' then
     index = index .. '\n' .. key .. '\t' .. oid
   end
