@@ -6,7 +6,13 @@
 #                              way, workers running: accepted/s and confirmed
 #                              orders/s end to end (load + drain)
 #   3. purchase, half rate     open loop at half of (2): p99 of accepted orders
-#   4. sold-out tail           sold-out answers/s once the stock is gone
+#   2r. max rate, read mix     (2) with the read mix of a real sale: sale-state
+#                              polls through the warm-up and a long-poll of
+#                              each accepted order until it settles
+#   4. sold-out tail           sold-out answers/s once the stock is gone, with
+#                              keyed purchases (the backend answers: a key may
+#                              name an order) and with unkeyed ones (the
+#                              proxy answers from its sold-out flag)
 #   5. drain from a deep queue workers paused (SIGSTOP) during the load, then
 #                              resumed: orders/s written to MySQL
 #   6. memory per order        Redis used_memory (own redis-server when
@@ -135,7 +141,9 @@ sale_bytes() { keys_bytes "${SECKILL_REDIS_PREFIX}{act:$1}:*"; }
 
 common=(-config "$STACK_OUT/seckill.toml" -targets "$PROXY_URLS" -admin-url "$BACKEND_URL"
 	-activity 0 -limit 1 -source-ips 200 -hot-share 0 -warmup 1s -drain-timeout 120s -quiet
-	-cpu "$cpu_groups" -ceilings "$STACK_OUT/ceilings.json")
+	-cpu "$cpu_groups" -ceilings "$STACK_OUT/ceilings.json"
+	# The purchase path alone; scenario 2r adds the read mix back.
+	-order-wait 0s -state-poll-rate 0)
 
 run_bench() { # name args...
 	local name=$1 rc=0
@@ -202,6 +210,10 @@ json.dump({"redis": redis, "accepted_orders": acc, "archived": done == "1",
           open(out, "w"), indent=2)
 PY
 
+stack_log "2r/5 purchase path at max rate with the read mix"
+run_bench readmix -stock 5000000 -users 20000000 -duration "$DURATION" -tail 0s -connections "$CONNS" \
+	-order-wait 3s -state-poll-rate 500
+
 half=$((max_rps / 2))
 ((half > 0)) || half=1
 stack_log "3/5 purchase path, open loop at half of max ($half req/s)"
@@ -209,6 +221,7 @@ run_bench half -stock 5000000 -users 20000000 -duration "$DURATION" -tail 0s -ra
 
 stack_log "4/5 sold-out tail"
 run_bench soldout -stock 100 -users 1000000 -duration 1s -tail "$DURATION" -connections "$CONNS"
+run_bench soldout-unkeyed -stock 100 -users 1000000 -duration 1s -tail "$DURATION" -connections "$CONNS" -unkeyed-share 1
 
 stack_log "5/5 drain from a deep queue (workers paused during the load)"
 kill -STOP "${WORKER_PIDS[@]}"
@@ -230,6 +243,7 @@ def lat(d, cls):
             return l
     return {"p50_ms": 0, "p99_ms": 0, "p99_9_ms": 0, "count": 0}
 mx, half, so, dr, mem = load("max"), load("half"), load("soldout"), load("drain"), load("memory")
+rm, sou = load("readmix"), load("soldout-unkeyed")
 ceil = {c["name"]: c for c in json.load(open(os.path.join(out, "ceilings.json")))}
 rows = [
     ("purchase, max rate (closed loop)", "accepted orders/s",
@@ -295,6 +309,10 @@ issue = [
      "figure": "%.0f accepted/s; %.0f confirmed/s incl. drain" % (acc_s, conf_s), "aim": "≥ 10,000 accepted/s, ≥ 8,000 confirmed/s",
      "ceilings": "%.3f× reserve, %.3f× publish; confirmed %.3f× transaction" % tuple(x or 0 for x in (ratio(mx, "reserve", "accepted/s (rush)"), ratio(mx, "publish", "accepted/s (rush)"), ratio(mx, "transaction", "confirmed/s (end to end)"))),
      "cpu": cpu(mx, "us_per_accepted_order"), "per": "accepted order", "command": cmd("max"), "verdict": mx["verdict_line"]},
+    {"scenario": "purchase, max rate, with the read mix (a long-poll per 202)",
+     "figure": "%.0f accepted/s; %.0f confirmed/s incl. drain" % (rm["summary"]["accepted_per_second_rush"], rm["summary"]["confirmed_per_second_end_to_end"]), "aim": "(not in the issue)",
+     "ceilings": "%.3f× reserve, %.3f× publish" % tuple(x or 0 for x in (ratio(rm, "reserve", "accepted/s (rush)"), ratio(rm, "publish", "accepted/s (rush)"))),
+     "cpu": cpu(rm, "us_per_accepted_order"), "per": "accepted order", "command": cmd("readmix"), "verdict": rm["verdict_line"]},
     {"scenario": "purchase, open loop at half of max (%d/s)" % half["run"]["rate"],
      "figure": "p99 of 202 %.1f ms (p50 %.2f)" % (h202["p99_ms"], h202["p50_ms"]), "aim": "p99 ≤ 10 ms at half of the new max",
      "ceilings": "", "cpu": cpu(half, "us_per_accepted_order"), "per": "accepted order", "command": cmd("half"), "verdict": half["verdict_line"]},
@@ -302,9 +320,12 @@ issue = [
      "figure": "%.0f orders/s" % dr["drain"]["orders_per_second"], "aim": "≥ 25,000 orders/s",
      "ceilings": "%.3f× transaction" % (ratio(dr, "transaction", "drain orders/s") or 0),
      "cpu": cpu(dr, "us_per_accepted_order"), "per": "accepted order", "command": cmd("drain"), "verdict": dr["verdict_line"]},
-    {"scenario": "sold-out tail",
+    {"scenario": "sold-out tail, keyed purchases (answered by the backend)",
      "figure": "%.0f answers/s" % so["summary"]["sold_out_per_second_tail"], "aim": "keep ≥ 50,000",
      "ceilings": "", "cpu": cpu(so, "us_per_answer"), "per": "answer", "command": cmd("soldout"), "verdict": so["verdict_line"]},
+    {"scenario": "sold-out tail, unkeyed purchases (answered by the proxy)",
+     "figure": "%.0f answers/s" % sou["summary"]["sold_out_per_second_tail"], "aim": "keep ≥ 50,000",
+     "ceilings": "", "cpu": cpu(sou, "us_per_answer"), "per": "answer", "command": cmd("soldout-unkeyed"), "verdict": sou["verdict_line"]},
 ]
 if fwd:
     issue.append({"scenario": "forward path vs bare fasthttp pass-through",

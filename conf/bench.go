@@ -38,6 +38,10 @@ type Bench struct {
 	// HotShare is the fraction of users behind a few shared addresses (NAT,
 	// bots): they trip the per-IP limits.
 	HotShare float64 `toml:"hot_share"`
+	// UnkeyedShare is the fraction of purchases sent without an
+	// Idempotency-Key (never retried: a retry without a key may buy again).
+	// Only those may be answered sold_out by the proxy itself.
+	UnkeyedShare float64 `toml:"unkeyed_share"`
 	// ForwardedFor sends the synthetic client address in X-Forwarded-For
 	// instead of binding it; only for proxies that trust the bench.
 	ForwardedFor bool `toml:"forwarded_for"`
@@ -127,6 +131,9 @@ func (b *Bench) validate(p *problems) {
 	checkRange(p, "bench.source_ips", b.SourceIPs, 0, 1<<20)
 	if b.HotShare < 0 || b.HotShare > 1 || b.HotShare != b.HotShare {
 		p.add("bench.hot_share", "must be between 0 and 1, got %v", b.HotShare)
+	}
+	if b.UnkeyedShare < 0 || b.UnkeyedShare > 1 || b.UnkeyedShare != b.UnkeyedShare {
+		p.add("bench.unkeyed_share", "must be between 0 and 1, got %v", b.UnkeyedShare)
 	}
 	checkPositive(p, "bench.request_timeout", b.RequestTimeout)
 	checkRange(p, "bench.retries", b.Retries, 0, 100)

@@ -38,8 +38,11 @@ type Config struct {
 
 	// Sources are the client addresses; nil sends from the default address.
 	// With ForwardedFor they are sent in X-Forwarded-For instead of bound.
-	Sources      []net.IP
-	HotShare     float64
+	Sources  []net.IP
+	HotShare float64
+	// UnkeyedShare of the purchases go without an Idempotency-Key, and are
+	// never retried.
+	UnkeyedShare float64
 	ForwardedFor bool
 
 	RequestTimeout time.Duration
@@ -391,11 +394,15 @@ func (r *Runner) closedLoop(ctx context.Context, tl Timeline) {
 }
 
 // purchase is one logical purchase: a random user, a fresh Idempotency-Key,
-// retried with the same key after 502/503/504 or a connection error.
+// retried with the same key after 502/503/504 or a connection error; or,
+// for UnkeyedShare of them, no key and no retry.
 func (r *Runner) purchase(ctx context.Context, tl Timeline, intended time.Time) {
 	user := rand.IntN(r.cfg.Users)
 	src := r.sourceOf(user)
-	key := r.runID + "-" + strconv.FormatUint(r.keys.Add(1), 36)
+	key := ""
+	if r.cfg.UnkeyedShare == 0 || rand.Float64() >= r.cfg.UnkeyedShare {
+		key = r.runID + "-" + strconv.FormatUint(r.keys.Add(1), 36)
+	}
 	body := `{"quantity":` + strconv.Itoa(r.cfg.Quantity) + `}`
 	res := Result{Phase: r.phaseOf(tl, intended), User: user, IP: src, Key: key, UserID: r.cfg.UserPrefix + strconv.Itoa(user), Purchase: true}
 	for attempt := 0; ; attempt++ {
@@ -405,7 +412,7 @@ func (r *Runner) purchase(ctx context.Context, tl Timeline, intended time.Time) 
 		if err != nil {
 			res.Status, res.Code = 0, errKind(err)
 		}
-		retry := err != nil || status == 502 || status == 503 || status == 504
+		retry := key != "" && (err != nil || status == 502 || status == 503 || status == 504)
 		if !retry || attempt >= r.cfg.Retries || ctx.Err() != nil {
 			break
 		}

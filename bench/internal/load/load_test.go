@@ -30,6 +30,7 @@ type shop struct {
 	delay    time.Duration
 	every503 int // every n-th new key gets one 503 first
 	newKeys  int
+	unkeyed  int // purchases without an Idempotency-Key
 }
 
 func newShop(stock int) *shop {
@@ -63,7 +64,11 @@ func (s *shop) handle(ctx *fasthttp.RequestCtx) {
 	}
 	s.bought[host]++
 	k := user + ":" + string(ctx.Request.Header.Peek("Idempotency-Key"))
-	s.attempts[k]++
+	if !strings.HasSuffix(k, ":") {
+		s.attempts[k]++
+	} else {
+		s.unkeyed++
+	}
 	if id, ok := s.orders[k]; ok {
 		ctx.SetStatusCode(202)
 		fmt.Fprintf(ctx, `{"order_id":%q,"status":"pending"}`, id)
@@ -247,6 +252,31 @@ func TestRetrySameKey(t *testing.T) {
 	}
 	if len(snap.Accepted) != len(s.orders) {
 		t.Errorf("%d accepted order ids, shop made %d", len(snap.Accepted), len(s.orders))
+	}
+}
+
+// UnkeyedShare of the purchases carry no Idempotency-Key, and those are
+// never retried (a retry without a key may buy again).
+func TestUnkeyedShare(t *testing.T) {
+	s := newShop(1 << 30)
+	cfg := baseConfig(serve(t, s))
+	cfg.UnkeyedShare = 0.5
+	run(t, cfg)
+	s.mu.Lock()
+	keyed, unkeyed := len(s.attempts), s.unkeyed
+	s.mu.Unlock()
+	if total := keyed + unkeyed; total < 100 || unkeyed < total/4 || unkeyed > total*3/4 {
+		t.Errorf("%d keyed and %d unkeyed purchases, want about half without a key", keyed, unkeyed)
+	}
+	s = newShop(1 << 30)
+	s.every503 = 1 // every first attempt of a user gets a 503
+	cfg = baseConfig(serve(t, s))
+	cfg.UnkeyedShare = 1
+	snap := run(t, cfg).Snapshot()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.attempts) != 0 || s.unkeyed == 0 || snap.Retries != 0 {
+		t.Errorf("%d keyed purchases, %d unkeyed, %d retries: want only unkeyed ones, none retried", len(s.attempts), s.unkeyed, snap.Retries)
 	}
 }
 

@@ -34,6 +34,7 @@ type Run struct {
 	Tail         float64   `json:"tail_seconds"`
 	SourceIPs    int       `json:"source_ips"`
 	HotShare     float64   `json:"hot_share"`
+	UnkeyedShare float64   `json:"unkeyed_share,omitempty"`
 	ForwardedFor bool      `json:"forwarded_for"`
 	Retries      int       `json:"max_retries"`
 	Redis        string    `json:"redis,omitempty"` // conf.RedisKind: node, cluster, sentinel
@@ -275,8 +276,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if run.ForwardedFor {
 		src += " (X-Forwarded-For)"
 	}
-	fmt.Fprintf(&b, "targets: %s; %s, %.0f%% of users behind shared ones\n\n",
-		strings.Join(run.Targets, " "), src, run.HotShare*100)
+	keys := ""
+	if run.UnkeyedShare > 0 {
+		keys = fmt.Sprintf("; %.0f%% of purchases without an Idempotency-Key", run.UnkeyedShare*100)
+	}
+	fmt.Fprintf(&b, "targets: %s; %s, %.0f%% of users behind shared ones%s\n\n",
+		strings.Join(run.Targets, " "), src, run.HotShare*100, keys)
 
 	fmt.Fprintf(&b, "%-8s %9s %8s %9s", "phase", "requests", "seconds", "req/s")
 	for _, c := range load.Classes {
