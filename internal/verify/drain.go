@@ -118,6 +118,7 @@ func (d *Drainer) Wait(ctx context.Context, activityID int64, timeout time.Durat
 	for {
 		st, err := d.observe(ctx, q, activityID)
 		if err != nil {
+			emptySince = -1 // unseen meanwhile: the drain counts from the next empty look
 			if errors.Is(err, broker.ErrNoQueue) || time.Now().After(deadline) {
 				return res, err
 			}

@@ -184,14 +184,22 @@ func (c *Coalescer[K, T]) safeRun(key K, items []T) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			pe := &PanicError{Value: v, Stack: debug.Stack()}
-			if c.panicked != nil {
-				c.panicked(key, pe)
-			}
+			c.notify(key, pe)
 			err = pe
 		}
 	}()
 	c.run(key, items)
 	return nil
+}
+
+// notify hands pe to OnPanic's function; a panic of that one is dropped,
+// so the group's callers are still woken.
+func (c *Coalescer[K, T]) notify(key K, pe *PanicError) {
+	if c.panicked == nil {
+		return
+	}
+	defer func() { _ = recover() }()
+	c.panicked(key, pe)
 }
 
 // lead runs group g (self among it) on this goroutine, wakes its other

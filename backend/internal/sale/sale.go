@@ -299,7 +299,7 @@ func (s *Service) reserve(ctx context.Context, r PurchaseRequest) (reservation.R
 		res, msg, err := s.reserveIn(r, req)
 		retried := false
 		var pe *coalesce.PanicError
-		if err != nil && !timedOut(err) && !errors.As(err, &pe) && ctx.Err() == nil {
+		if err != nil && !timedOut(err) && !errors.As(err, &pe) && !errors.Is(err, reservation.ErrShards) && ctx.Err() == nil {
 			// A broken connection (EOF, reset, a failed dial), not a slow
 			// Redis: the same call once more on a fresh connection. Safe,
 			// since reserve.lua is idempotent on the order id; it is what
