@@ -19,8 +19,8 @@
 -- the group reserved (stock, the user's units, keys), so two requests of one
 -- user with one key are a reservation and its replay. A stale bucket count is
 -- answered {"buckets", n} for every request (nothing read or written); a
--- stale shard count, checked once for the group before any request,
--- {"shards", k} for every request (nothing read or written). A shard's
+-- stale shard count {"shards", k} for every request (reserve_one checks it on
+-- the meta it reads once per call, before anything else: nothing written). A shard's
 -- "sold_out" or "insufficient" says nothing of the sale's other shards: the
 -- caller sends such a request again alone, through reserve.lua's caller,
 -- which moves units in first.
@@ -32,14 +32,7 @@ if n < 1 or n ~= math.floor(n) or #ARGV ~= 3 + 4 * n then
   return redis.error_reply('ERR reserve_multi: ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments do not fit')
 end
 local out = {}
-local sc = {}
-local meta = redis.call('HMGET', KEYS[1], 'total', 'shards')
-if meta[1] and (tonumber(meta[2]) or 1) ~= (tonumber(ARGV[3]) or 1) then
-  for i = 1, n do
-    out[i] = {'shards', tonumber(meta[2]) or 1}
-  end
-  return out
-end
+local sc = {} -- the meta is read once, by the first reserve_one
 for i = 1, n do
   local a = 3 + 4 * (i - 1)
   out[i] = reserve_one(sc, KEYS[1], KEYS[2], KEYS[3], KEYS[2 + 2 * i], KEYS[3 + 2 * i],

@@ -842,10 +842,7 @@ func (s *Store) Warm(ctx context.Context, activityID int64, a WarmArgs) (WarmOut
 	var i int64
 	for k := range allots {
 		if built[k] {
-			allots[k] = sold[k] + rem/nbuilt
-			if i < rem%nbuilt {
-				allots[k]++
-			}
+			allots[k] = sold[k] + allotment(rem, int(i), int(nbuilt))
 			i++
 		}
 	}
@@ -1410,7 +1407,6 @@ func (s *Store) sync(ctx context.Context, activityID int64, token string, total,
 	var out SyncResult
 	synced := false
 	var oldTotal int64
-	allotted := false
 	for k := len(shards) - 1; k >= 0; k-- {
 		if k == 0 {
 			// Totals from a consistent snapshot of every shard (Allotted);
@@ -1427,7 +1423,7 @@ func (s *Store) sync(ctx context.Context, activityID int64, token string, total,
 					return out, synced, err
 				}
 			}
-			oldTotal, allotted = sum, true
+			oldTotal = sum
 		}
 		var sk int64
 		for _, n := range per[k] {
@@ -1448,7 +1444,7 @@ func (s *Store) sync(ctx context.Context, activityID int64, token string, total,
 		out.OldTotal, out.OldSold, out.OldPending = out.OldTotal+r.OldTotal, out.OldSold+r.OldSold, out.OldPending+r.OldPending
 		out.NewPending, out.StaleIndexEntries = out.NewPending+r.NewPending, out.StaleIndexEntries+r.StaleIndexEntries
 	}
-	if allotted && out.Found {
+	if out.Found { // shard 0's turn, the last, has always run by here
 		out.OldTotal = oldTotal
 	}
 	return out, synced, nil
