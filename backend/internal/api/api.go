@@ -345,7 +345,7 @@ func (a *API) putActivity(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, CodeBadRequest, err.Error())
 		return
 	}
-	v, created, err := a.svc.PutActivity(a.base, id, sale.Spec{Stock: sp.Stock, PerUserLimit: sp.PerUserLimit, StartsAt: sp.StartsAt, EndsAt: sp.EndsAt, StockShards: sp.StockShards})
+	v, created, err := a.svc.PutActivity(a.base, id, sale.Spec(sp))
 	if err != nil {
 		a.serviceError(ctx, err)
 		return

@@ -71,10 +71,11 @@ func New[K comparable, T any](max int, linger time.Duration, run func(key K, gro
 	if max < 1 {
 		max = 1
 	}
-	return &Coalescer[K, T]{max: max, linger: max0(linger), run: run, lanes: map[K]*lane[T]{}}
+	if linger < 0 {
+		linger = 0
+	}
+	return &Coalescer[K, T]{max: max, linger: linger, run: run, lanes: map[K]*lane[T]{}}
 }
-
-func max0(d time.Duration) time.Duration { return max(d, 0) }
 
 // OnPanic sets f to learn of every group run that panicked (once per
 // group, on the goroutine that ran it); set it before the first Do.

@@ -542,8 +542,6 @@ func (s *Service) markQueued(ctx context.Context, r PurchaseRequest, o ordermsg.
 // afterMark is markQueued once the mark was tried (for a group's message,
 // all its orders in one round trip: groupMessage.mark).
 func (s *Service) afterMark(ctx context.Context, r PurchaseRequest, o ordermsg.Order, marked bool, err error) string {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
-	defer cancel()
 	if err != nil {
 		s.m.purchased("queued_mark_failed")
 		s.markLater(r.ActivityID, o.OrderID, time.UnixMilli(o.Deadline))
@@ -554,6 +552,8 @@ func (s *Service) afterMark(ctx context.Context, r PurchaseRequest, o ordermsg.O
 	}
 	// Settled meanwhile (a worker was quick, or a replay's failed publish
 	// refused it) or lost with Redis (the queued message writes it).
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
+	defer cancel()
 	rec, found, err := s.store.Order(rctx, r.ActivityID, o.OrderID)
 	if err != nil {
 		return "pending"
