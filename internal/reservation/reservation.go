@@ -1527,6 +1527,32 @@ func (s *Store) MarkRecovering(ctx context.Context, activityID int64, token stri
 			return fmt.Errorf("mark activity %d recovering: %w", activityID, err)
 		}
 	}
+	if len(shards) == 1 {
+		return nil
+	}
+	// Two backends rebuilding at once interleave their marks (shards on
+	// several slots: no one script sets them all), and EndRecovery ends a
+	// shard only under its own token: a shard left with the other token
+	// would still recover after shard 0 ended. Shard 0's mark names the
+	// recovery, so every shard takes its token. Each caller reads shard 0
+	// after writing it; the last writer of shard 0 reads its own token, and
+	// the other one reads it too unless it read before that write, in which
+	// case all of its writes came before the last writer's: the marks agree.
+	tok, err := s.rdb.Get(ctx, shards[0].Recovering).Result()
+	if err != nil || tok == token {
+		if errors.Is(err, redis.Nil) {
+			err = nil // ended meanwhile: nothing to agree on
+		}
+		if err != nil {
+			return fmt.Errorf("mark activity %d recovering: %w", activityID, err)
+		}
+		return nil
+	}
+	for _, k := range shards[1:] {
+		if err := s.rdb.Set(ctx, k.Recovering, tok, d).Err(); err != nil {
+			return fmt.Errorf("mark activity %d recovering: %w", activityID, err)
+		}
+	}
 	return nil
 }
 

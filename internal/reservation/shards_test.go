@@ -682,3 +682,38 @@ func TestSoldOutNotWhileUnitsMoveBetweenOtherShards(t *testing.T) {
 		t.Fatalf("sold %d, want %d", sold, stock)
 	}
 }
+
+// Two backends rebuilding one sharded sale mark its shards recovering at the
+// same time, each with its own token: the marks end up agreeing (shard 0's
+// token on every shard), so that the recovery EndRecovery ends under that
+// token ends on every shard, never shard 0 alone (seen once in
+// e2e/chaos TestRedisLossShardedSaleRecovers: "shard 0 recovered before
+// shard 2").
+func TestMarkRecoveringConcurrentTokensAgree(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	const id, shards = 371, 3
+	warmShards(t, st, rdb, id, 30, 1, shards)
+	ctx := context.Background()
+	for round := range 200 {
+		var wg sync.WaitGroup
+		for _, tok := range []string{"a", "b"} {
+			wg.Go(func() {
+				servicetest.Must(t, st.MarkRecovering(ctx, id, fmt.Sprintf("%s%d", tok, round), time.Minute), "mark %s", tok)
+			})
+		}
+		wg.Wait()
+		var toks []string
+		for k := range shards {
+			v, err := rdb.Get(ctx, reservation.ShardKeys(prefix, id, k, shards).Recovering).Result()
+			servicetest.Must(t, err, "mark of shard %d", k)
+			toks = append(toks, v)
+		}
+		for k := 1; k < shards; k++ {
+			if toks[k] != toks[0] {
+				t.Fatalf("round %d: shard marks %v, want one token on every shard", round, toks)
+			}
+		}
+	}
+}
