@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,7 @@ import (
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/servicetest"
+	"github.com/seckill/seckill/internal/soldout"
 	"github.com/seckill/seckill/lua"
 )
 
@@ -81,6 +83,48 @@ type stack struct {
 	reg   *prometheus.Registry
 	api   *api.API
 	svc   *sale.Service
+	heard *heard
+}
+
+// heard records the stock events the backend has acted on. It listens after
+// the service on the same subscription, so an event it records has already
+// reached the service's caches.
+type heard struct {
+	mu  sync.Mutex
+	ids map[int64]bool
+}
+
+func (h *heard) Changed(id int64) {
+	h.mu.Lock()
+	h.ids[id] = true
+	h.mu.Unlock()
+}
+
+func (h *heard) Reset() {}
+
+func (h *heard) has(id int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ids[id]
+}
+
+// fences numbers the fence events of all tests (ids far above any sale's).
+var fences atomic.Int64
+
+// caughtUp returns once the backend has acted on every stock event published
+// before the call: it publishes a fence event and waits to hear it, as one
+// subscription delivers in publish order. A test calls it after an admin
+// change so that the change's own late events (the warm script's and the
+// announcement) cannot drop a state the test means to read from the cache.
+func (s *stack) caughtUp(t *testing.T) {
+	t.Helper()
+	fence := 1<<62 + fences.Add(1)
+	servicetest.Must(t, s.rdb.Publish(context.Background(), reservation.Channel(s.store.Prefix()), fence).Err(), "publish fence")
+	for deadline := time.Now().Add(10 * time.Second); !s.heard.has(fence); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the backend never heard the fence event on its stock-event channel")
+		}
+	}
 }
 
 func newStack(t *testing.T, soldOutTTL time.Duration) *stack {
@@ -130,7 +174,8 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb redis.UniversalClient, dsn s
 	wctx, stop := context.WithCancel(ctx)
 	var watched sync.WaitGroup
 	subscribed := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
-	watched.Go(func() { svc.WatchStockEvents(wctx, rdb, subscribed[0]) })
+	events := &heard{ids: map[int64]bool{}}
+	watched.Go(func() { soldout.Watch(wctx, rdb, reservation.Channel(prefix), log, subscribed[0], svc, events) })
 	watched.Go(func() { svc.WatchOrders(wctx, rdb, subscribed[1]) })
 	t.Cleanup(func() { stop(); watched.Wait() })
 	<-subscribed[0]
@@ -157,7 +202,7 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb redis.UniversalClient, dsn s
 	ch, err := conn.Channel()
 	servicetest.Must(t, err, "channel")
 	return &stack{url: "http://" + addr, rdb: rdb, store: store, db: db,
-		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, api: a, svc: svc}
+		topo: broker.TopologyFor(cfg.RabbitMQ), ch: ch, pub: pub, reg: reg, api: a, svc: svc, heard: events}
 }
 
 type reply struct {
@@ -214,11 +259,14 @@ func (s *stack) put(t *testing.T, id int64, stock, limit int64, start, end time.
 	return s.do(t, "PUT", fmt.Sprintf("/admin/v1/activities/%d", id), body, map[string]string{"Authorization": "Bearer " + token})
 }
 
+// openSale creates a sale open for the next hour and returns once this
+// backend has acted on the events of its creation.
 func (s *stack) openSale(t *testing.T, id, stock, limit int64) {
 	t.Helper()
 	if r := s.put(t, id, stock, limit, time.Now().Add(-time.Hour), time.Now().Add(time.Hour)); r.status != 201 {
 		t.Fatalf("create activity: %d %s", r.status, r.raw)
 	}
+	s.caughtUp(t)
 }
 
 func (s *stack) buy(t *testing.T, id int64, user, key, body string) reply {

@@ -266,6 +266,10 @@ func TestStateCacheInvalidation(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// The change sends two events (the warm script's and the announcement):
+	// once both are heard, the state read next stays cached.
+	s.caughtUp(t)
+	s.activity(t, id)
 
 	// Sold out on this backend: two units bought, then the next buyer is told
 	// sold out, which drops the cached state showing units.
