@@ -26,6 +26,7 @@ import (
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
 	"github.com/seckill/seckill/internal/shutdown"
+	"github.com/seckill/seckill/internal/soldout"
 	"github.com/seckill/seckill/lua"
 )
 
@@ -124,7 +125,8 @@ func run(ctx context.Context, args []string) error {
 	defer svc.Close() // before Redis closes: background undos end first
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	var watched sync.WaitGroup
-	watched.Go(func() { svc.WatchStockEvents(watchCtx, rdb, nil) })
+	subscribed := make(chan struct{})
+	watched.Go(func() { svc.WatchStockEvents(watchCtx, rdb, subscribed) })
 	watched.Go(func() { svc.WatchOrders(watchCtx, rdb, nil) })
 	defer func() { stopWatch(); watched.Wait() }()
 
@@ -135,6 +137,7 @@ func run(ctx context.Context, args []string) error {
 		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
 		{Name: "rabbitmq", Fn: func(context.Context) error { return pub.Ready() }},
 		{Name: "mysql", Fn: db.PingContext, Optional: true},
+		{Name: "stock events", Fn: func(context.Context) error { return soldout.Subscribed(subscribed) }},
 	}
 	edge := api.New(svc, api.Config{
 		AdminToken:      adminToken,

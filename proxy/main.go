@@ -92,7 +92,9 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 	bg, bgCancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Handler.Limiter.Run(bg) })
-	wg.Go(func() { p.WatchStockEvents(bg, rdb, log, nil) })
+	subscribed := make(chan struct{})
+	p.Handler.Subscribed = subscribed
+	wg.Go(func() { p.WatchStockEvents(bg, rdb, log, subscribed) })
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(p.Listener(ln)) }()
 	go func() { errc <- admin.Serve(aln) }()

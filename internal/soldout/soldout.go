@@ -17,6 +17,7 @@ package soldout
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"strconv"
@@ -201,6 +202,19 @@ func (f *Flags) Changed(id int64) { f.Clear(id, time.Now()) }
 
 // Reset makes Flags a Listener.
 func (f *Flags) Reset() { f.ClearAll() }
+
+// Subscribed is a readiness check on the ready channel of a Watch: nil once
+// it is closed, an error before. A process is not ready until then: an
+// event sent before its subscription is lost to it, and a flag it learned
+// meanwhile stays until the confirmation resets the listeners.
+func Subscribed(ready <-chan struct{}) error {
+	select {
+	case <-ready:
+		return nil
+	default:
+		return errors.New("stock events: subscription not confirmed yet")
+	}
+}
 
 // Watch subscribes to channel and tells every listener of each event until
 // ctx ends. go-redis resubscribes after a lost connection; each

@@ -36,8 +36,11 @@ type Handler struct {
 	// ReadCache answers GETs of rules with a read_cache_ttl; nil: disabled.
 	ReadCache *readcache.Cache
 	Registry  *prometheus.Registry
-	metrics   fasthttp.RequestHandler
-	pool      sync.Pool
+	// Subscribed, when not nil, is the ready channel of the stock-event
+	// subscription: /readyz fails until it is closed.
+	Subscribed <-chan struct{}
+	metrics    fasthttp.RequestHandler
+	pool       sync.Pool
 }
 
 // SetRules swaps the rule set atomically (SIGHUP).
@@ -369,6 +372,11 @@ func (h *Handler) Admin(ctx *fasthttp.RequestCtx) {
 		if !h.Pool.AnyHealthy() {
 			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 			ctx.SetBodyString(`{"status":"no healthy upstream","degraded":` + degraded + `}`)
+			return
+		}
+		if h.Subscribed != nil && isoldout.Subscribed(h.Subscribed) != nil {
+			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+			ctx.SetBodyString(`{"status":"stock events not subscribed yet","degraded":` + degraded + `}`)
 			return
 		}
 		ctx.SetBodyString(`{"status":"ready","degraded":` + degraded + `,"live_instances":` + strconv.Itoa(h.Limiter.Live()) + `}`)
