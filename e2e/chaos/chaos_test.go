@@ -76,7 +76,7 @@ func during(t *testing.T, s *stack.Stack, c *stack.Crowd, inject func()) {
 // midSale waits until between lo and hi of the crowd's attempts finished,
 // at a random point, so that faults land at different moments.
 func midSale(c *stack.Crowd, lo, hi float64) {
-	n := len(c.Attempts)
+	n := c.Size()
 	target := int(float64(n) * (lo + rand.Float64()*(hi-lo)))
 	deadline := time.Now().Add(time.Minute)
 	for c.Done() < target && time.Now().Before(deadline) {

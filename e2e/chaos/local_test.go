@@ -266,7 +266,7 @@ func waitCrash(t *testing.T, s *stack.Stack, b *stack.Proc, c *stack.Crowd, roun
 			return false, nudges
 		case <-tick.C:
 		}
-		if c.Done() < len(c.Attempts) || len(nudges) >= 50 {
+		if c.Done() < c.Size() || len(nudges) >= 50 {
 			continue
 		}
 		a := &stack.Attempt{User: fmt.Sprintf("nudge-%d-%d", round, len(nudges)+1), Qty: 1}

@@ -55,9 +55,12 @@ type Crowd struct {
 	// arrives, in the form of Attempt.Answers: for timelines of a fault.
 	OnAnswer func(answer string)
 
-	done   atomic.Int64
-	mu     sync.Mutex
-	resent []*Attempt
+	done atomic.Int64
+	mu   sync.Mutex
+	// resent holds a run's re-sends until it returns; appended counts those
+	// appended to Attempts (mu guards Attempts' length while Run runs).
+	resent   []*Attempt
+	appended int
 }
 
 // NewCrowd makes users × perUser attempts, every fourth user asking for the
@@ -82,10 +85,23 @@ func NewCrowd(sale Sale, users, perUser int, tag string) *Crowd {
 // Done is how many attempts have finished.
 func (c *Crowd) Done() int { return int(c.done.Load()) }
 
+// Size is how many attempts Run fires (its re-sends left out). Unlike
+// len(Attempts) it may be read while Run runs in another goroutine: Run
+// appends the re-sends as it returns.
+func (c *Crowd) Size() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.Attempts) - c.appended
+}
+
 // Run fires the attempts at the backends (round robin) and returns when all
 // are answered.
 func (c *Crowd) Run(s *Stack, backends []*Proc) {
-	c.Attempts = append(c.Attempts, c.run(s.HTTP, backends, c.Attempts)...)
+	re := c.run(s.HTTP, backends, c.Attempts)
+	c.mu.Lock()
+	c.Attempts = append(c.Attempts, re...)
+	c.appended += len(re)
+	c.mu.Unlock()
 }
 
 // run answers attempts and returns the re-sends it made (Resend).
