@@ -1,194 +1,130 @@
 -- ratelimit.lua: exact sliding-window logs of the proxy's limiter. One call
--- checks and takes slots of every window of ONE hash tag that a request needs,
--- atomically, timed by Redis TIME (the one clock).
+-- decides a batch of requests (ops), in order, each against all of its
+-- windows atomically, timed by Redis TIME (the one clock).
 --
--- Each window is a sorted set with one member per admitted request or leased
--- slot: member = "<instance>:<seq>:<i>:<j>" (instance id, call sequence of that
--- instance, window index in the call, slot index 1..granted), score = the
--- latest time the slot may be spent, in microseconds of Redis TIME:
---   slot 1          the caller's own request, decided now:          now
---                   (now + short when the caller needs other calls too:
---                   it is admitted once they answer)
---   slots 2..need   requests waiting on this call (shared refill):  now + short
---   further slots   a speculative lease:                            now + lease
--- A member counts while score > now - window. Scoring a slot at the end of
--- its spending time is what keeps the window exact: a slot spent at any time
--- up to its score is inside the log for a whole window after it was spent.
--- The caller gives back slots it did not spend (ZREM of their members), in
--- its next call for the key; that call removes them before it counts.
+-- Each window is a sorted set with one member per admitted hit, scored with
+-- the moment it was admitted (µs of Redis TIME); a member counts while
+-- score > now - window. An op is admitted only if every one of its windows
+-- has room for its weight; then each gets `weight` members
+-- "<instance>:<seq>:<op>:<j>", else nothing is written. Because the whole
+-- decision happens at one moment inside the script, every interval of a
+-- window's length holds at most `limit` members: nothing is leased, held or
+-- given back (except by a cluster caller whose op spans hash tags: it ZREMs
+-- the members of an op a later tag refused).
 --
--- All KEYS must share one hash tag (the caller groups windows by tag).
+-- On a single node the ops of a batch may name any keys; on a cluster all
+-- KEYS of one call share a hash tag (the caller groups them).
 --
--- KEYS[1..n]      window logs
--- ARGV[1]         instance id (prefix of members)
--- ARGV[2]         call sequence number of that instance
--- ARGV[3]         live proxy instances (>= 1): caps a speculative lease
--- ARGV[4]         1: slot 1 is scored at now + short (the request waits for
---                 other calls before it is admitted); 0: at now
--- per window i, 7 values from ARGV[5 + 7(i-1)]:
---   limit         integer >= 1
---   window_ms     integer >= 1
---   need          integer >= 0: requests to admit now (0: give back only)
---   extra         integer >= 0: speculative slots wanted beyond need
---   short_ms      integer >= 0: spending time of slots 2..need
---   lease_ms      integer >= 0: spending time of the speculative slots
---   giveback      "" or space-separated "seq:i:from:to" member ranges of this
---                 instance to remove first
+-- KEYS[1..k]   window logs (each named once)
+-- ARGV[1]      instance id, ARGV[2] call sequence number of that instance
+-- then per op: weight (>= 1), n (>= 1), then n x (key index, limit >= 1,
+--              window_ms >= 1)
 --
--- Returns {allowed, now_us, admitted, then per window: granted, full,
---          remaining, reset_ms, back_ms}
---   allowed    1: every window with need >= 1 had a free slot; each such
---              window granted a = min over them of min(need, free) slots
---              (the requests admitted now) plus a lease, written
---              0: at least one of them was full; nothing was written
---              (give-backs excepted)
---   now_us     Redis TIME of the decision, microseconds
---   admitted   a above (0 when not allowed): slots 1..a of every window are
---              the caller's and its waiters', the rest a lease
---   granted    slots written for window i (0 when not allowed)
---   full       1: window i had no free slot (it refused this request)
---   remaining  free slots of window i after this call
---   reset_ms   ms until the next slot of window i frees, rounded up; 0 for
---              an empty log. With remaining = 0 this is the earliest moment
---              a retry can be admitted.
---   back_ms    with remaining = 0: ms (rounded down) until the earliest
---              member of another instance scored after now (among the
---              first 64 such members), a leased slot that instance may give
---              back once its time is up (so a "full" answer is not trusted
---              past it); -1 when there is none or remaining > 0
+-- Returns {now_us, then per op: admitted (1/0), then per window:
+--          full, remaining, reset_ms}
+--   full       1: fewer than `weight` free slots: this window refused the op
+--   remaining  free slots after the op
+--   reset_ms   full: ms until `weight` slots will have freed (the earliest
+--              retry that can pass this window; window_ms when weight >
+--              limit: never); else ms until the oldest member slides out (0
+--              for an empty log). Rounded up.
 -- Errors (before any write): malformed ARGV.
-local n = #KEYS
-if n < 1 or #ARGV ~= 4 + 7 * n then
-  return redis.error_reply('ERR ratelimit: want 4+7*' .. n .. ' ARGV, got ' .. #ARGV)
-end
-local live = tonumber(ARGV[3])
-if not live or live < 1 or live ~= math.floor(live) then
-  return redis.error_reply('ERR ratelimit: bad live ' .. tostring(ARGV[3]))
-end
-local first = ARGV[4]
-if first ~= '0' and first ~= '1' then
-  return redis.error_reply('ERR ratelimit: bad first ' .. tostring(first))
-end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local prefix = ARGV[1] .. ':' .. ARGV[2] .. ':'
+
 local function int(v, lo)
   local x = tonumber(v)
   if not x or x < lo or x ~= math.floor(x) then return nil end
   return x
 end
-local w = {}
-local any = false
-for i = 1, n do
-  local b = 4 + 7 * (i - 1)
-  local x = {limit = int(ARGV[b + 1], 1), win = int(ARGV[b + 2], 1), need = int(ARGV[b + 3], 0),
-    extra = int(ARGV[b + 4], 0), short = int(ARGV[b + 5], 0), lease = int(ARGV[b + 6], 0), back = {}}
-  if not (x.limit and x.win and x.need and x.extra and x.short and x.lease) then
-    return redis.error_reply('ERR ratelimit: bad limit/window/need/extra/short/lease for window ' .. i)
+
+-- Parse and check everything first, so that a malformed call writes nothing.
+local ops, a = {}, 3
+while a <= #ARGV do
+  local op = {weight = int(ARGV[a], 1), n = int(ARGV[a + 1], 1), w = {}}
+  if not (op.weight and op.n) or a + 1 + 3 * op.n > #ARGV then
+    return redis.error_reply('ERR ratelimit: bad weight/count of op ' .. (#ops + 1))
   end
-  for seq, wi, from, to in string.gmatch(ARGV[b + 7], '(%d+):(%d+):(%d+):(%d+)') do
-    from, to = tonumber(from), tonumber(to)
-    if from < 1 or to < from or to - from > 100000 then
-      return redis.error_reply('ERR ratelimit: bad giveback range for window ' .. i)
+  for i = 1, op.n do
+    local b = a + 2 + 3 * (i - 1)
+    local x = {k = int(ARGV[b], 1), limit = int(ARGV[b + 1], 1), win = int(ARGV[b + 2], 1)}
+    if not (x.k and x.limit and x.win) or x.k > #KEYS then
+      return redis.error_reply('ERR ratelimit: bad key/limit/window ' .. i .. ' of op ' .. (#ops + 1))
     end
-    x.back[#x.back + 1] = {seq, wi, from, to}
+    x.win = x.win * 1000
+    op.w[i] = x
   end
-  if x.need > 0 then any = true end
-  x.win, x.short, x.lease = x.win * 1000, x.short * 1000, x.lease * 1000
-  w[i] = x
+  ops[#ops + 1] = op
+  a = a + 2 + 3 * op.n
+end
+if #ops == 0 then
+  return redis.error_reply('ERR ratelimit: no op')
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local prefix = ARGV[1] .. ':'
-
--- Give back unspent slots, then drop what slid out, then count.
-local allowed = any
-for i = 1, n do
-  local key, x = KEYS[i], w[i]
-  for _, r in ipairs(x.back) do
-    local p = prefix .. r[1] .. ':' .. r[2] .. ':'
-    local j = r[3]
-    while j <= r[4] do
-      local args = {}
-      local last = math.min(r[4], j + 499)
-      for s = j, last do args[#args + 1] = p .. s end
-      redis.call('ZREM', key, unpack(args))
-      j = last + 1
-    end
+-- Per key, once per call: drop what slid out, then keep the count here.
+-- Members written by this call are the newest, so the ranks read below
+-- (oldest first, below the count before the call) never move.
+local count, oldest = {}, {}
+local function open(x)
+  if count[x.k] == nil then
+    redis.call('ZREMRANGEBYSCORE', KEYS[x.k], '-inf', now - x.win)
+    count[x.k] = redis.call('ZCARD', KEYS[x.k])
   end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - x.win)
-  x.count = redis.call('ZCARD', key)
-  x.free = x.limit - x.count
-  if x.need > 0 and x.free < 1 then allowed = false end
+end
+local function scoreAt(k, rank)
+  local c = oldest[k]
+  if c == nil then c = {}; oldest[k] = c end
+  if c[rank] == nil then
+    c[rank] = tonumber(redis.call('ZRANGE', KEYS[k], rank, rank, 'WITHSCORES')[2])
+  end
+  return c[rank]
+end
+local function ms(us)
+  if us < 0 then return 0 end
+  return math.ceil(us / 1000)
 end
 
--- reset: time until count - limit + 1 slots have slid out (the one at rank
--- count - limit, oldest first, is the last of them), or until the oldest
--- slides out while there is room.
-local function reset(key, x, count)
-  if count == 0 then return 0 end
-  local rank = 0
-  if count >= x.limit then rank = count - x.limit end
-  local o = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-  local r = tonumber(o[2]) + x.win - now
-  if r < 0 then r = 0 end
-  return math.ceil(r / 1000)
-end
-
--- Requests admitted now: at most what every window of the call can take
--- (more slots in one window would only wait unspent while another refuses).
-local admit = math.huge
-for i = 1, n do
-  local x = w[i]
-  if x.need > 0 then admit = math.min(admit, x.need, x.free) end
-end
-
-local out = {allowed and 1 or 0, now, allowed and admit or 0}
-local seq = ARGV[2]
-for i = 1, n do
-  local key, x = KEYS[i], w[i]
-  local g, full = 0, 0
-  if x.need > 0 and x.free < 1 then full = 1 end
-  if allowed and x.need > 0 then
-    local gn = admit
-    local ge = math.floor((x.free - gn) / (2 * live))
-    if ge > x.extra then ge = x.extra end
-    g = gn + ge
-    local p = prefix .. seq .. ':' .. i .. ':'
-    local j = 1
-    while j <= g do
-      local args = {}
-      local last = math.min(g, j + 499)
-      for s = j, last do
-        local score = now + x.lease
-        if s <= gn then score = now + x.short end
-        if s == 1 and first == '0' then score = now end
-        args[#args + 1] = score
-        args[#args + 1] = p .. s
+local out, expire = {now}, {}
+for o, op in ipairs(ops) do
+  local ok = true
+  for _, x in ipairs(op.w) do
+    open(x)
+    if x.limit - count[x.k] < op.weight then ok = false end
+  end
+  out[#out + 1] = ok and 1 or 0
+  for _, x in ipairs(op.w) do
+    local c = count[x.k]
+    if ok then
+      local args, p = {}, prefix .. o .. ':'
+      for j = 1, op.weight do
+        args[#args + 1] = now
+        args[#args + 1] = p .. j
       end
-      redis.call('ZADD', key, unpack(args))
-      j = last + 1
+      redis.call('ZADD', KEYS[x.k], unpack(args))
+      c = c + op.weight
+      count[x.k] = c
+      if not expire[x.k] or expire[x.k] < x.win then expire[x.k] = x.win end
     end
-    -- The key lives while its latest member can count; never shorten it
-    -- (a reload may have shortened the lease).
-    local ttl = math.ceil((x.win + math.max(x.short, x.lease)) / 1000) + 1
-    if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
-  end
-  local count = x.count + g
-  out[#out + 1] = g
-  out[#out + 1] = full
-  out[#out + 1] = math.max(0, x.limit - count)
-  out[#out + 1] = reset(key, x, count)
-  local back = -1
-  if x.limit - count <= 0 then
-    -- Another instance's member: the caller knows its own leases (and
-    -- forgets its negative answer when it gives them back). A bounded look.
-    local o = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 64)
-    for k = 1, #o, 2 do
-      if string.sub(o[k], 1, #prefix) ~= prefix then
-        back = math.floor((tonumber(o[k + 1]) - now) / 1000)
-        break
+    local free = x.limit - c
+    if not ok and free < op.weight then
+      out[#out + 1] = 1
+      out[#out + 1] = math.max(0, free)
+      if op.weight > x.limit then
+        out[#out + 1] = x.win / 1000
+      else
+        -- the op fits once c - limit + weight members slid out
+        out[#out + 1] = ms(scoreAt(x.k, c - x.limit + op.weight - 1) + x.win - now)
       end
+    else
+      out[#out + 1] = 0
+      out[#out + 1] = math.max(0, free)
+      if c == 0 then out[#out + 1] = 0 else out[#out + 1] = ms(scoreAt(x.k, 0) + x.win - now) end
     end
   end
-  out[#out + 1] = back
+end
+-- A log lives while its newest member counts.
+for k, win in pairs(expire) do
+  redis.call('PEXPIRE', KEYS[k], win / 1000 + 1000)
 end
 return out

@@ -132,6 +132,11 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 		problem(ctx, fasthttp.StatusServiceUnavailable, "limiter-unavailable", "Rate limiter unavailable",
 			"the rate limiter cannot reach its store and this rule fails closed")
 		return
+	case limiter.Shed:
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
+		problem(ctx, fasthttp.StatusServiceUnavailable, "limiter-overloaded", "Rate limiter overloaded",
+			"the rate limiter could not decide this request in time; retry later")
+		return
 	}
 
 	h.Pool.PrepareRequest(ctx)
@@ -391,14 +396,12 @@ func (h *Handler) Admin(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// RegisterGauges exports the limiter's lease and degraded state.
+// RegisterGauges exports the limiter's degraded state, live instances and
+// negative-cache size.
 func RegisterGauges(reg prometheus.Registerer, l *limiter.Limiter) {
 	gauge := func(name, help string, fn func() float64) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, fn))
 	}
-	gauge("seckill_proxy_lease_outstanding_slots",
-		"Leased slots held locally, not yet spent: counted in their windows, so the bound of under-admission.",
-		func() float64 { return float64(l.Outstanding()) })
 	gauge("seckill_proxy_degraded", "1 while the Redis circuit breaker is open and rules use on_redis_error.", func() float64 {
 		if l.Degraded() {
 			return 1

@@ -77,31 +77,14 @@ func TestPerIPExact(t *testing.T) {
 }
 
 // Global accuracy across two proxy instances sharing Redis: many clients,
-// limit L in one window: never more than L admitted, and exactly L once the
-// slots leased along the way are spent or given back (the traffic goes on
-// until then).
+// limit L in one window: exactly L admitted (the traffic goes on until
+// then).
 func TestGlobalTwoInstances(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t)
 	const L = 500
 	cfg := trustedConfig(t, up.addr, rule("sale", 0, L, 10*time.Second))
 	a, b := startProxy(t, cfg), startProxy(t, cfg)
-	var bound atomic.Int64
-	stop := make(chan struct{})
-	var sampler sync.WaitGroup
-	sampler.Go(func() {
-		for {
-			o := a.p.Handler.Limiter.Outstanding() + b.p.Handler.Limiter.Outstanding()
-			if o > bound.Load() {
-				bound.Store(o)
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	})
 	var wg sync.WaitGroup
 	var sent atomic.Int64
 	for g := 0; g < 16; g++ {
@@ -121,12 +104,10 @@ func TestGlobalTwoInstances(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	close(stop)
-	sampler.Wait()
 	noDegraded(t, a)
 	noDegraded(t, b)
 	admitted := up.hits.Load()
-	t.Logf("admitted %d of %d, limit %d, lease bound %d, live %d", admitted, sent.Load(), L, bound.Load(), a.p.Handler.Limiter.Live())
+	t.Logf("admitted %d of %d, limit %d, live %d", admitted, sent.Load(), L, a.p.Handler.Limiter.Live())
 	if admitted != L {
 		t.Fatalf("admitted %d, want exactly %d", admitted, L)
 	}

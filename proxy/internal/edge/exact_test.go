@@ -76,8 +76,11 @@ func TestBurstExact(t *testing.T) {
 			for round := 0; round < 50; round++ {
 				codes, _ := burst(t, px.addr, 3*L, "POST", "/api/v1/activities/1/purchase", "X-Forwarded-For", freshIP())
 				if codes[200] != L || codes[429] != 2*L {
-					t.Fatalf("round %d: %v, want exactly %d admitted and %d limited (%v decisions degraded to on_redis_error)",
-						round, codes, L, 2*L, metricSum(scrape(t, px), `seckill_proxy_decisions_total{outcome="degraded"`))
+					m := scrape(t, px)
+					t.Fatalf("round %d: %v, want exactly %d admitted and %d limited (%v decisions degraded to on_redis_error: %v timeout, %v error, %v breaker_open)",
+						round, codes, L, 2*L, metricSum(m, `seckill_proxy_decisions_total{outcome="degraded"`),
+						metricSum(m, `seckill_proxy_limiter_fallbacks_total{reason="timeout"`), metricSum(m, `seckill_proxy_limiter_fallbacks_total{reason="error"`),
+						metricSum(m, `seckill_proxy_limiter_fallbacks_total{reason="breaker_open"`))
 				}
 			}
 			if n := up.hits.Load(); n != int64(50*L) {
@@ -89,9 +92,9 @@ func TestBurstExact(t *testing.T) {
 	}
 }
 
-// A burst shares one refill: while the first call is in flight (Redis made
-// slow by a TCP delay) every other request of the burst waits for it and the
-// next call asks for all of them, so the burst costs 2 calls, not 3L.
+// A burst shares calls: while the first calls are in flight (Redis made
+// slow by a TCP delay; at most two at once) every other request of the burst
+// queues, and the next call carries all of them: 3 calls, not 3L.
 func TestBurstSharesRefill(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t)
@@ -105,8 +108,8 @@ func TestBurstSharesRefill(t *testing.T) {
 	if codes[200] != 10 || codes[429] != 20 {
 		t.Fatalf("%v, want 10 admitted, 20 limited", codes)
 	}
-	if n := px.p.Metrics.Calls() - calls0; n > 2 {
-		t.Fatalf("%d Redis calls for one burst, want at most 2 (one refill for the waiters)", n)
+	if n := px.p.Metrics.Calls() - calls0; n > 3 {
+		t.Fatalf("%d Redis calls for one burst, want at most 3 (the two first ones, then one for all that queued)", n)
 	}
 }
 
@@ -397,7 +400,7 @@ func TestGlobalExactInstances(t *testing.T) {
 					t.Fatalf("per-client admissions %d, upstream saw %d", perClient, admitted)
 				}
 				// All but one window's worth of what the floods could admit
-				// is admitted (leases under-admit briefly). That is
+				// is admitted. That is
 				// floods×L when they offer more, as on a quiet box; a loaded
 				// box (-race, 2 cores) may send fewer than L a window, and
 				// then it is what they offered.
@@ -418,7 +421,8 @@ func noDegraded(t *testing.T, px *proxyUnderTest) {
 }
 
 // Metrics: client_golang text with the Go runtime and process series, the
-// per-window decisions naming the refusing window, lease and call figures.
+// per-window decisions naming the refusing window, call, batch, fallback
+// and shed figures.
 func TestMetricsExposition(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t)
@@ -441,7 +445,7 @@ func TestMetricsExposition(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"go_goroutines", "process_cpu_seconds_total", "seckill_proxy_redis_calls_per_decision",
-		"seckill_proxy_lease_outstanding_slots", "seckill_proxy_lease_returned_slots_total", `seckill_proxy_redis_calls_total{result="ok"}`} {
+		"seckill_proxy_limiter_batch_decisions_bucket", "seckill_proxy_limiter_queued", `seckill_proxy_redis_calls_total{result="ok"}`} {
 		if !strings.Contains(m, "\n"+name) {
 			t.Errorf("/metrics lacks %s", name)
 		}

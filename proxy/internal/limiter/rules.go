@@ -2,10 +2,7 @@ package limiter
 
 import (
 	"fmt"
-	"hash/maphash"
-	"math"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,9 +63,8 @@ type Window struct {
 	// Name is the header or cookie name of a keyed window.
 	Name  []byte
 	Limit int
-	// Length is the window; Lease how long speculatively leased slots may
-	// be spent locally.
-	Length, Lease time.Duration
+	// Length is the window.
+	Length time.Duration
 	// Policy is the name in RateLimit-Policy and violated-policies:
 	// "<rule>-ip" (by address), "<rule>-key" (by header or cookie) or
 	// "<rule>-global".
@@ -80,6 +76,11 @@ type Window struct {
 	item, prefix string
 
 	admitted, refused counterRef
+
+	// The negative cache: until when (mono ns) the window is known full —
+	// full for a global window, denied per client for a per-client one.
+	full   atomic.Int64
+	denied *denied
 }
 
 // KindName is the window's kind as metrics label it: address, header,
@@ -99,10 +100,9 @@ type Rule struct {
 	Mode    Mode
 	Shadow  bool
 
-	global  *state // state of the global window, if any
-	clients *table // per-client states of the per-client window, if any
+	keyPrefix string // [redis] key_prefix
 
-	admitted, limited, shadowed, degraded counterRef
+	admitted, limited, shadowed, degraded, shed counterRef
 }
 
 // Rules is an immutable compiled rule set; a reload builds a new one.
@@ -142,7 +142,7 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 		if err != nil {
 			return nil, fmt.Errorf("rule %s: %w", cr.Name, err)
 		}
-		r := &Rule{Name: cr.Name, match: route.New(cr.Methods, cr.PathPrefix), Mode: mode, Shadow: cr.Shadow}
+		r := &Rule{Name: cr.Name, match: route.New(cr.Methods, cr.PathPrefix), Mode: mode, Shadow: cr.Shadow, keyPrefix: keyPrefix}
 		add := func(k Kind, w *conf.Window) error {
 			if w == nil {
 				return nil
@@ -154,7 +154,7 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 			if w.Limit < 1 || w.Window.Duration < time.Millisecond {
 				return fmt.Errorf("rule %s: %s window needs limit >= 1 and window >= 1ms", cr.Name, policy)
 			}
-			win := &Window{Kind: k, Limit: w.Limit, Length: w.Window.Duration, Lease: min(w.Window.Duration/2, time.Second)}
+			win := &Window{Kind: k, Limit: w.Limit, Length: w.Window.Duration}
 			switch {
 			case k == Global:
 				if w.Key != "" {
@@ -173,6 +173,7 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 					win.Source, win.Name, policy = FromCookie, []byte(name), "key"
 				}
 				win.key = "}:" + cr.Name
+				win.denied = newDenied()
 			}
 			win.Policy = cr.Name + "-" + policy
 			quoted := `"` + win.Policy + `"`
@@ -195,18 +196,12 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 		if len(r.Windows) == 0 {
 			return nil, fmt.Errorf("rule %s: needs per_ip, global or both", cr.Name)
 		}
-		for _, w := range r.Windows {
-			if w.Kind == Global {
-				r.global = newState()
-			} else {
-				r.clients = newTable()
-			}
-		}
 		if m != nil {
 			r.admitted = counterRef{m.decisions.WithLabelValues(cr.Name, "admitted")}
 			r.limited = counterRef{m.decisions.WithLabelValues(cr.Name, "limited")}
 			r.shadowed = counterRef{m.decisions.WithLabelValues(cr.Name, "shadow")}
 			r.degraded = counterRef{m.decisions.WithLabelValues(cr.Name, "degraded")}
+			r.shed = counterRef{m.decisions.WithLabelValues(cr.Name, "shed")}
 		}
 		rs.list = append(rs.list, r)
 	}
@@ -232,175 +227,20 @@ func (rs *Rules) Match(dst []*Rule, method, path []byte) []*Rule {
 	return dst
 }
 
-// table holds the per-client states of one rule, sharded to spread locks,
-// at most about maxStates of them (Limiter.get).
-type table struct {
-	seed   maphash.Seed
-	shards [tableShards]shard
-	n      atomic.Int64 // states held
 
-	mu      sync.Mutex
-	orphans []orphan // give-backs of evicted states, for the sweeper
-}
-
-const tableShards = 64
-
-type shard struct {
-	mu sync.RWMutex
-	m  map[string]*state
-}
-
-// orphan: slots of an evicted state's client still to be removed from its
-// window's log.
-type orphan struct {
-	client string
-	back   []span
-}
-
-// evictSample: states looked at to find the least recently used one that no
-// request uses (an approximate LRU, as Redis's).
-const evictSample = 16
-
-func newTable() *table {
-	t := &table{seed: maphash.MakeSeed()}
-	for i := range t.shards {
-		t.shards[i].m = map[string]*state{}
+// deniedUntil is until when (mono ns) the window of client is known full.
+func (w *Window) deniedUntil(client []byte) int64 {
+	if w.denied == nil {
+		return w.full.Load()
 	}
-	return t
+	return w.denied.until(client)
 }
 
-// get returns the client's state, made if missing, and counts the caller as
-// its user until release; a shard holding its share of maxStates (0: no
-// bound) first evicts a state nobody uses (evict). out is the limiter's
-// count of leased slots.
-func (t *table) get(client []byte, now time.Time, maxStates int, out *atomic.Int64, evicted counterRef) *state {
-	sh := &t.shards[maphash.Bytes(t.seed, client)&(tableShards-1)]
-	// users and lastUse change while the shard is locked (read or write),
-	// so the sweeper and evict, which hold the write lock, never drop a
-	// state in use.
-	sh.mu.RLock()
-	st := sh.m[string(client)]
-	if st != nil {
-		st.users.Add(1)
-		st.lastUse.Store(mono(now))
+// setDenied records the window of client full until u (mono ns).
+func (w *Window) setDenied(client []byte, u, now int64, maxStates int, evicted counterRef) {
+	if w.denied == nil {
+		w.full.Store(u)
+		return
 	}
-	sh.mu.RUnlock()
-	if st != nil {
-		return st
-	}
-	sh.mu.Lock()
-	if st = sh.m[string(client)]; st == nil {
-		if per := (maxStates + tableShards - 1) / tableShards; maxStates > 0 && len(sh.m) >= per {
-			if t.evict(sh, out) {
-				evicted.inc()
-			}
-		}
-		st = newState()
-		sh.m[string(client)] = st
-		t.n.Add(1)
-	}
-	st.users.Add(1)
-	st.lastUse.Store(mono(now))
-	sh.mu.Unlock()
-	return st
-}
-
-// release ends a use begun by get.
-func release(st *state) { st.users.Add(-1) }
-
-// lookup returns the client's state if there is one (tests).
-func (t *table) lookup(client []byte) *state {
-	sh := &t.shards[maphash.Bytes(t.seed, client)&(tableShards-1)]
-	sh.mu.RLock()
-	defer sh.mu.RUnlock()
-	return sh.m[string(client)]
-}
-
-// evict drops the least recently used of a sample of sh's states that no
-// request uses (none holds a slot of it or waits on it then). Its leased and
-// unspent slots become orphans, given back by the sweeper: the client's
-// window stays exact, Redis holds its log. False when every state of the
-// shard is in use: the shard then holds one more, so the table exceeds its
-// bound by at most the requests in flight. sh.mu held.
-func (t *table) evict(sh *shard, out *atomic.Int64) bool {
-	var victim string
-	var vs *state
-	seen := 0
-	for k, st := range sh.m {
-		if st.users.Load() == 0 && (vs == nil || st.lastUse.Load() < vs.lastUse.Load()) {
-			victim, vs = k, st
-		}
-		if seen++; seen >= evictSample && vs != nil {
-			break
-		}
-	}
-	if vs == nil {
-		return false
-	}
-	vs.mu.Lock()
-	vs.expireAll(math.MaxInt64, out) // every leased slot goes back
-	back := vs.back
-	vs.back = nil
-	vs.gone = true
-	vs.mu.Unlock()
-	delete(sh.m, victim)
-	t.n.Add(-1)
-	if len(back) > 0 {
-		t.mu.Lock()
-		t.orphans = append(t.orphans, orphan{victim, back})
-		t.mu.Unlock()
-	}
-	return true
-}
-
-// takeOrphans returns the orphans and forgets them.
-func (t *table) takeOrphans() []orphan {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	o := t.orphans
-	t.orphans = nil
-	return o
-}
-
-// keepOrphan keeps give-backs that failed for the next sweep.
-func (t *table) keepOrphan(o orphan) {
-	t.mu.Lock()
-	t.orphans = append(t.orphans, o)
-	t.mu.Unlock()
-}
-
-// sweep drops states idle for longer than idle that hold nothing: no user,
-// no slots, nothing to give back, no refill in flight, no negative answer.
-func (t *table) sweep(now time.Time, idle time.Duration) (dropped int) {
-	for i := range t.shards {
-		sh := &t.shards[i]
-		sh.mu.Lock()
-		for k, st := range sh.m {
-			st.mu.Lock()
-			m := mono(now)
-			old := m-st.lastUse.Load() > int64(idle) && m > st.deniedUntil.Load() && st.refill == nil &&
-				len(st.batches) == 0 && len(st.back) == 0 && st.users.Load() == 0
-			st.gone = old
-			st.mu.Unlock()
-			if old {
-				delete(sh.m, k)
-				dropped++
-			}
-		}
-		sh.mu.Unlock()
-	}
-	t.n.Add(-int64(dropped))
-	return dropped
-}
-
-// each calls fn for every state of the table (fn must not block).
-func (t *table) each(fn func(client string, st *state)) {
-	for i := range t.shards {
-		sh := &t.shards[i]
-		sh.mu.RLock()
-		for k, st := range sh.m {
-			fn(k, st)
-		}
-		sh.mu.RUnlock()
-	}
+	w.denied.set(client, u, now, maxStates, evicted)
 }

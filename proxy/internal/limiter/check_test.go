@@ -1,0 +1,310 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/servicetest"
+)
+
+func compile(t testing.TB, prefix string, m *Metrics, rules ...conf.Rule) *Rules {
+	t.Helper()
+	rs, err := Compile(rules, prefix, m)
+	servicetest.Must(t, err, "compile")
+	return rs
+}
+
+func win(limit int, w time.Duration) *conf.Window { return &conf.Window{Limit: limit, Window: conf.D(w)} }
+
+func check(l *Limiter, rs *Rules, addr string) Decision {
+	var d Decision
+	l.Check(rs, Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte(addr)}, &d)
+	return d
+}
+
+func value(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 16)
+	c.Collect(ch)
+	close(ch)
+	sum := 0.0
+	for m := range ch {
+		var pm dto.Metric
+		servicetest.Must(t, m.Write(&pm), "read metric")
+		sum += pm.GetCounter().GetValue()
+	}
+	return sum
+}
+
+// A crowd of 2,000 new clients deciding at once shares calls: far fewer
+// Redis calls than decisions, every first request admitted, none shed or
+// fallen back, and each decision within the bound.
+func TestCrowdSharesCalls(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	m := NewMetrics(prometheus.NewRegistry())
+	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(5, time.Second), Global: win(1_000_000, time.Second)})
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 2 * time.Second, Instance: "crowd", Metrics: m})
+	const n = 2000
+	var slow atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			t0 := time.Now()
+			d := check(l, rs, fmt.Sprintf("10.1.%d.%d", i>>8, i&255))
+			if d.Outcome != Admit || d.Degraded {
+				t.Errorf("client %d: outcome %v degraded %v", i, d.Outcome, d.Degraded)
+			}
+			if time.Since(t0) > 4*time.Second {
+				slow.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	calls := m.Calls()
+	t.Logf("%d first decisions: %d Redis calls", n, calls)
+	if calls > n/4 {
+		t.Fatalf("%d calls for %d decisions: the crowd's decisions did not share calls", calls, n)
+	}
+	if slow.Load() > 0 || value(t, m.fallbacks) != 0 || value(t, m.shed) != 0 {
+		t.Fatalf("%d decisions past the bound, %v fallbacks, %v shed", slow.Load(), value(t, m.fallbacks), value(t, m.shed))
+	}
+}
+
+// hold blocks every script call until released (it ignores the call's
+// deadline, as a flusher stuck on a slow Redis would), counting them.
+type hold struct {
+	release chan struct{}
+	held    atomic.Int32
+}
+
+func (h *hold) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *hold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			h.held.Add(1)
+			<-h.release
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *hold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// The one wait the limiter keeps, forced: both flushers are stuck on calls
+// that outlast the timeout, so the decisions queued behind them wait. Each
+// of those is shed (503, counted apart) once the timeout passed in the
+// queue, never handed to on_redis_error; the stuck calls' own decisions,
+// whose calls failed, are the fallbacks. Nothing waits past twice the
+// timeout after the calls are let go.
+func TestQueuedDecisionShedNotFallback(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.RedisNode(t)
+	h := &hold{release: make(chan struct{})}
+	rdb.AddHook(h)
+	m := NewMetrics(prometheus.NewRegistry())
+	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(5, time.Second)})
+	const timeout = 100 * time.Millisecond
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: timeout, Instance: "shed", Metrics: m})
+	out := make(chan Decision, 10)
+	go func() { out <- check(l, rs, "10.2.0.1") }()
+	go func() { out <- check(l, rs, "10.2.0.2") }()
+	for h.held.Load() < flushers {
+		time.Sleep(time.Millisecond)
+	}
+	for i := range 8 {
+		go func() { out <- check(l, rs, fmt.Sprint("10.2.1.", i)) }()
+	}
+	for m.queued.Load() < 8 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(timeout + 20*time.Millisecond)
+	released := time.Now()
+	close(h.release)
+	var shed, degraded int
+	for range 10 {
+		d := <-out
+		switch {
+		case d.Outcome == Shed && !d.Degraded:
+			shed++
+		case d.Degraded:
+			degraded++
+		default:
+			t.Fatalf("a decision neither shed nor fallen back: %+v", d)
+		}
+	}
+	if took := time.Since(released); took > 2*timeout {
+		t.Fatalf("decisions ended %v after the release, bound %v", took, 2*timeout)
+	}
+	if shed != 8 || degraded != 2 || value(t, m.shed) != 8 || value(t, m.fallbacks) != 2 {
+		t.Fatalf("%d shed, %d fallen back (metrics %v, %v), want 8 and 2", shed, degraded, value(t, m.shed), value(t, m.fallbacks))
+	}
+}
+
+// While Redis cannot be reached each rule does its on_redis_error, and the
+// fallbacks are counted by reason: errors first, then breaker_open once the
+// circuit opens; "local" limits in-process at limit / live, "closed" is 503.
+func TestFallbackByReason(t *testing.T) {
+	t.Parallel()
+	dead := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", servicetest.FreePort(t)), MaxRetries: -1})
+	m := NewMetrics(prometheus.NewRegistry())
+	rs := compile(t, "p:", m, conf.Rule{Name: "loc", PathPrefix: "/x", PerIP: win(3, time.Minute)},
+		conf.Rule{Name: "shut", PathPrefix: "/closed", OnRedisError: "closed", Global: win(100, time.Minute)})
+	l := New(Config{Redis: dead, KeyPrefix: "p:", Timeout: 200 * time.Millisecond, Instance: "dead", Metrics: m})
+	admitted := 0
+	for range 10 {
+		d := check(l, rs, "10.3.0.1")
+		if !d.Degraded {
+			t.Fatalf("not degraded: %+v", d)
+		}
+		if d.Outcome == Admit {
+			admitted++
+		}
+	}
+	if admitted != 3 {
+		t.Fatalf("local fallback admitted %d of 10, want 3", admitted)
+	}
+	var d Decision
+	l.Check(rs, Request{Method: []byte("GET"), Path: []byte("/closed"), Addr: []byte("10.3.0.2")}, &d)
+	if d.Outcome != Unavailable {
+		t.Fatalf("closed rule: %v, want Unavailable", d.Outcome)
+	}
+	// A refused dial within the call's deadline is an error; one the
+	// pool's dial retries carry past it, a timeout.
+	errs := value(t, m.fallbacks.WithLabelValues("error")) + value(t, m.fallbacks.WithLabelValues("timeout"))
+	open := value(t, m.fallbacks.WithLabelValues("breaker_open"))
+	if errs < breakerThreshold || open < 1 || errs+open != 11 {
+		t.Fatalf("fallbacks: %v error or timeout, %v breaker_open, want >= %d, >= 1, 11 in all", errs, open, breakerThreshold)
+	}
+}
+
+// The negative cache: once the store says a window is full, requests are
+// refused without a Redis call until its oldest hit slides out, with
+// Retry-After counting down; then the next one is admitted.
+func TestNegativeCache(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	m := NewMetrics(prometheus.NewRegistry())
+	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(2, 300*time.Millisecond)})
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 2 * time.Second, Instance: "neg", Metrics: m})
+	for i := range 2 {
+		if d := check(l, rs, "10.4.0.1"); d.Outcome != Admit {
+			t.Fatalf("request %d: %v", i, d.Outcome)
+		}
+	}
+	calls := m.Calls()
+	var last time.Duration
+	for i := range 50 {
+		d := check(l, rs, "10.4.0.1")
+		if d.Outcome != Limited || d.RetryAfter <= 0 || d.RetryAfter > 300*time.Millisecond || len(d.Violated) != 1 {
+			t.Fatalf("refusal %d: %+v", i, d)
+		}
+		last = d.RetryAfter
+	}
+	if m.Calls() != calls {
+		t.Fatalf("%d Redis calls for refusals the negative cache knew", m.Calls()-calls)
+	}
+	time.Sleep(last + 10*time.Millisecond)
+	if d := check(l, rs, "10.4.0.1"); d.Outcome != Admit {
+		t.Fatalf("after Retry-After: %+v", d)
+	}
+}
+
+// The negative cache keeps each rule within max_client_states: a flood of
+// clients each refused once holds at most the bound, the rest evicted.
+func TestClientStatesBounded(t *testing.T) {
+	t.Parallel()
+	const max, flood = 640, 3000
+	m := NewMetrics(prometheus.NewRegistry())
+	rs := compile(t, "b:", m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(1, time.Hour)})
+	l := New(Config{Instance: "mem", Metrics: m, MaxClientStates: max})
+	l.SetRules(rs)
+	for i := range flood {
+		a := fmt.Sprint("c", i)
+		check(l, rs, a)
+		if d := check(l, rs, a); d.Outcome != Limited {
+			t.Fatalf("client %s: second request %v", a, d.Outcome)
+		}
+	}
+	if n := l.ClientStates(); n > max {
+		t.Fatalf("%d negative-cache entries, bound %d", n, max)
+	}
+	if e := value(t, m.evicted); e < flood-max {
+		t.Fatalf("%v evicted, want at least %d", e, flood-max)
+	}
+}
+
+// A refusal from the negative cache allocates nothing.
+func TestNegativeCacheAllocs(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	rs := compile(t, "a:", m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(1, time.Hour), Global: win(100, time.Hour)})
+	l := New(Config{Instance: "mem", Metrics: m})
+	req := Request{Method: []byte("GET"), Path: []byte("/x"), Addr: []byte("10.5.0.1")}
+	var d Decision
+	l.Check(rs, req, &d)
+	d.Reset()
+	if l.Check(rs, req, &d); d.Outcome != Limited {
+		t.Fatal("second request in an hour-long window of 1 admitted")
+	}
+	if a := testing.AllocsPerRun(200, func() { d.Reset(); l.Check(rs, req, &d) }); a != 0 {
+		t.Errorf("negative-cache refusal: %v allocs, want 0", a)
+	}
+}
+
+// Decision paths, side by side: a new client's first decision (a Redis
+// call, batched with whoever waits), a known client within its limits, a
+// refusal from the negative cache, and the memory store.
+func BenchmarkCheck(b *testing.B) {
+	rdb, prefix := servicetest.Redis(b)
+	big := win(10_000_000, time.Second)
+	for _, bc := range []struct {
+		name   string
+		redis  bool
+		limit  int
+		client func(i int64) string
+	}{
+		{"new-client", true, 5, func(i int64) string { return fmt.Sprint("n", i) }},
+		{"known-client", true, 10_000_000, func(int64) string { return "k" }},
+		{"negative-cache", true, 1, func(int64) string { return "full" }},
+		{"memory-new-client", false, 5, func(i int64) string { return fmt.Sprint("n", i) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			m := NewMetrics(prometheus.NewRegistry())
+			p := fmt.Sprintf("%sb%d:", prefix, time.Now().UnixNano())
+			rs := compile(b, p, m, conf.Rule{Name: "b", PathPrefix: "/", PerIP: win(bc.limit, time.Minute), Global: big})
+			c := Config{KeyPrefix: p, Timeout: time.Second, Instance: "bench", Metrics: m}
+			if bc.redis {
+				c.Redis = rdb
+			}
+			l := New(c)
+			var seq atomic.Int64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				var d Decision
+				req := Request{Method: []byte("GET"), Path: []byte("/x")}
+				for pb.Next() {
+					d.Reset()
+					req.Addr = []byte(bc.client(seq.Add(1)))
+					l.Check(rs, req, &d)
+					if d.Degraded || d.Outcome == Shed {
+						b.Fatalf("degraded %v, outcome %v", d.Degraded, d.Outcome)
+					}
+				}
+			})
+			b.ReportMetric(float64(m.Calls())/float64(b.N), "redis-calls/op")
+		})
+	}
+}
