@@ -23,7 +23,9 @@ func compile(t testing.TB, prefix string, m *Metrics, rules ...conf.Rule) *Rules
 	return rs
 }
 
-func win(limit int, w time.Duration) *conf.Window { return &conf.Window{Limit: limit, Window: conf.D(w)} }
+func win(limit int, w time.Duration) *conf.Window {
+	return &conf.Window{Limit: limit, Window: conf.D(w)}
+}
 
 func check(l *Limiter, rs *Rules, addr string) Decision {
 	var d Decision

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/servicetest"
 )

@@ -73,4 +73,3 @@ func (v *Verified) covers(w *Window) bool {
 	}
 	return false
 }
-

@@ -227,7 +227,6 @@ func (rs *Rules) Match(dst []*Rule, method, path []byte) []*Rule {
 	return dst
 }
 
-
 // deniedUntil is until when (mono ns) the window of client is known full.
 func (w *Window) deniedUntil(client []byte) int64 {
 	if w.denied == nil {
