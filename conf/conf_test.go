@@ -109,6 +109,7 @@ func TestBadFiles(t *testing.T) {
 		{"wrong type", "[worker]\nbatch_size = \"ten\"", []string{"batch_size"}},
 		{"bad duration", "[backend]\nreservation_ttl = \"soon\"", []string{"reservation_ttl", "invalid duration"}},
 		{"negative duration", "[backend]\nredis_timeout = \"-1s\"", []string{"backend.redis_timeout: must be a positive duration"}},
+		{"unknown limiter", "[proxy]\nlimiter = \"memcached\"", []string{`proxy.limiter: must be "redis"`, `"memcached"`}},
 		{"zero batch", "[worker]\nbatch_size = 0", []string{"worker.batch_size: must be between 1 and 5000, got 0"}},
 		{"prefetch below batch", "[worker]\nprefetch = 10\nbatch_size = 20", []string{"worker.prefetch: must be at least worker.batch_size"}},
 		{"zero archive grace", "[worker]\narchive_grace = \"0s\"", []string{"worker.archive_grace"}},

@@ -29,11 +29,14 @@ type Proxy struct {
 	// address (0: no bound).
 	Concurrency   int `toml:"concurrency"`
 	MaxConnsPerIP int `toml:"max_conns_per_ip"`
-	// RedisTimeout bounds each limiter call to Redis.
+	// Limiter is where the windows live: "redis" (default), shared by every
+	// instance, or "memory", this process alone (no Redis call per decision).
+	Limiter string `toml:"limiter"`
+	// RedisTimeout bounds each limiter call to Redis, and the wait for one.
 	RedisTimeout Duration `toml:"redis_timeout"`
-	// MaxClientStates bounds the per-client window states each rule with a
-	// per_ip window keeps in memory; past it the least recently used idle
-	// one is dropped (its window stays exact: Redis holds the log).
+	// MaxClientStates bounds the per-client negative-cache entries each rule
+	// with a per_ip window keeps in memory; past it one is dropped (its
+	// window stays exact: the store holds the log).
 	MaxClientStates int `toml:"max_client_states"`
 	// SoldOutTTL is how long the proxy answers a sold-out activity itself.
 	SoldOutTTL    Duration `toml:"sold_out_ttl"`
@@ -131,6 +134,7 @@ func defaultProxy() Proxy {
 		MaxBodyBytes:    1 << 20,
 		MaxHeaderBytes:  8 << 10,
 		Concurrency:     256 * 1024,
+		Limiter:         "redis",
 		RedisTimeout:    D(20 * time.Millisecond),
 		MaxClientStates: 262144,
 		SoldOutTTL:      D(time.Second),
@@ -169,6 +173,9 @@ func (x *Proxy) validate(p *problems) {
 	checkRange(p, "proxy.max_header_bytes", x.MaxHeaderBytes, 1024, 1<<20)
 	checkRange(p, "proxy.concurrency", x.Concurrency, 1, 10_000_000)
 	checkRange(p, "proxy.max_conns_per_ip", x.MaxConnsPerIP, 0, 10_000_000)
+	if x.Limiter != "redis" && x.Limiter != "memory" {
+		p.add("proxy.limiter", `must be "redis" (windows shared by every instance) or "memory" (this process alone), got %q`, x.Limiter)
+	}
 	checkPositive(p, "proxy.redis_timeout", x.RedisTimeout)
 	checkRange(p, "proxy.max_client_states", x.MaxClientStates, 64, 100_000_000)
 	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)

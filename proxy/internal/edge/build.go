@@ -57,8 +57,11 @@ func New(cfg conf.Config, rdb redis.UniversalClient, log *slog.Logger, opts ...O
 	_, _ = rand.Read(rnd[:])
 	host, _ := os.Hostname()
 	inst := limiter.FormatInstance(host, binary.LittleEndian.Uint64(rnd[:]))
-	lc := limiter.Config{Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Timeout: cfg.Proxy.RedisTimeout.Duration,
+	lc := limiter.Config{KeyPrefix: cfg.Redis.KeyPrefix, Timeout: cfg.Proxy.RedisTimeout.Duration,
 		Instance: inst, MaxClientStates: cfg.Proxy.MaxClientStates, Metrics: lm, Log: log}
+	if cfg.Proxy.Limiter != "memory" {
+		lc.Redis = rdb
+	}
 	for _, o := range opts {
 		o(&lc)
 	}

@@ -418,3 +418,22 @@ func connBound(t *testing.T, cfg conf.Config, status, code string) {
 		t.Fatalf("held connection after the refusal: %q %v", buf[:n], err)
 	}
 }
+
+// [proxy] limiter = "memory": the windows live in the process, exact for
+// it, and no decision calls Redis.
+func TestMemoryLimiter(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t)
+	cfg := trustedConfig(t, up.addr, rule("mem", 3, 0, 10*time.Second))
+	cfg.Proxy.Limiter = "memory"
+	px := startProxy(t, cfg)
+	for round := range 5 {
+		codes, _ := burst(t, px.addr, 9, "GET", "/x", "X-Forwarded-For", freshIP())
+		if codes[200] != 3 || codes[429] != 6 {
+			t.Fatalf("round %d: %v, want exactly 3 admitted and 6 limited", round, codes)
+		}
+	}
+	if n := px.p.Metrics.Calls(); n != 0 {
+		t.Fatalf("%d Redis calls with the memory limiter", n)
+	}
+}

@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/redisnodes"
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
@@ -293,7 +296,9 @@ func BenchmarkCheck(b *testing.B) {
 			}
 			l := New(c)
 			var seq atomic.Int64
+			us0 := scriptMicros(b, rdb)
 			b.ReportAllocs()
+			b.SetParallelism(32) // a crowd: decisions wait together
 			b.RunParallel(func(pb *testing.PB) {
 				var d Decision
 				req := Request{Method: []byte("GET"), Path: []byte("/x")}
@@ -307,6 +312,31 @@ func BenchmarkCheck(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(m.Calls())/float64(b.N), "redis-calls/op")
+			if bc.redis {
+				b.ReportMetric((scriptMicros(b, rdb)-us0)/float64(b.N), "redis-us/op")
+			}
 		})
 	}
+}
+
+// scriptMicros is the time Redis spent in scripts so far (INFO
+// commandstats; summed over a cluster's nodes), µs.
+func scriptMicros(b *testing.B, rdb redis.UniversalClient) float64 {
+	var mu sync.Mutex
+	us := 0.0
+	err := redisnodes.EachMaster(context.Background(), rdb, func(ctx context.Context, n redis.Cmdable) error {
+		info, err := n.Info(ctx, "commandstats").Result()
+		for _, line := range strings.Split(info, "\n") {
+			if strings.HasPrefix(line, "cmdstat_eval") {
+				_, rest, _ := strings.Cut(line, "usec=")
+				v, _ := strconv.ParseFloat(strings.Split(rest, ",")[0], 64)
+				mu.Lock()
+				us += v
+				mu.Unlock()
+			}
+		}
+		return err
+	})
+	servicetest.Must(b, err, "commandstats")
+	return us
 }
