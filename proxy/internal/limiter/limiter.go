@@ -20,7 +20,6 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,9 +56,8 @@ type Limiter struct {
 	m         *Metrics
 	log       *slog.Logger
 	trace     func(string, string, int64)
-
-	mu    sync.Mutex
-	rules *Rules // for the sweeper
+	instances string                // the live-instance set (Redis)
+	rules     atomic.Pointer[Rules] // for the sweeper
 }
 
 // New builds a Limiter.
@@ -70,9 +68,9 @@ func New(c Config) *Limiter {
 	if c.Metrics == nil {
 		c.Metrics = NewMetrics(prometheus.NewRegistry())
 	}
-	l := &Limiter{local: NewMemory(), m: c.Metrics, log: c.Log, trace: c.Trace}
+	l := &Limiter{local: NewMemory(), m: c.Metrics, log: c.Log, trace: c.Trace, instances: c.KeyPrefix + "{rl}:instances"}
 	if c.Redis != nil {
-		l.redis = NewRedis(c.Redis, c.KeyPrefix, c.Instance, c.Timeout, c.Metrics, c.Log)
+		l.redis = NewRedis(c.Redis, c.Instance, c.Timeout, c.Metrics, c.Log)
 		l.store = l.redis
 	} else {
 		l.store = NewMemory()
@@ -99,28 +97,25 @@ func (l *Limiter) Degraded() bool { return l.redis != nil && l.redis.Degraded() 
 func (l *Limiter) SetMaxClientStates(n int) { l.maxStates.Store(int64(n)) }
 
 // SetRules tells the sweeper which rule set is current.
-func (l *Limiter) SetRules(rs *Rules) {
-	l.mu.Lock()
-	l.rules = rs
-	l.mu.Unlock()
-}
+func (l *Limiter) SetRules(rs *Rules) { l.rules.Store(rs) }
 
-// ClientStates is the number of per-client negative-cache entries of the
-// current rules.
-func (l *Limiter) ClientStates() int64 {
-	l.mu.Lock()
-	rs := l.rules
-	l.mu.Unlock()
-	var n int64
-	if rs != nil {
+// eachDenied calls fn with the negative cache of every per-client window
+// of the current rules.
+func (l *Limiter) eachDenied(fn func(*denied)) {
+	if rs := l.rules.Load(); rs != nil {
 		for _, r := range rs.list {
 			for _, w := range r.Windows {
 				if w.denied != nil {
-					n += w.denied.n.Load()
+					fn(w.denied)
 				}
 			}
 		}
 	}
+}
+
+// ClientStates is the number of per-client negative-cache entries.
+func (l *Limiter) ClientStates() (n int64) {
+	l.eachDenied(func(d *denied) { n += d.n.Load() })
 	return n
 }
 
@@ -128,7 +123,7 @@ func (l *Limiter) ClientStates() int64 {
 // caches and in-process logs until ctx ends.
 func (l *Limiter) Run(ctx context.Context) {
 	if l.redis != nil {
-		go l.redis.Run(ctx)
+		go l.redis.Run(ctx, l.instances)
 	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -144,18 +139,7 @@ func (l *Limiter) Run(ctx context.Context) {
 
 // Sweep drops negative-cache entries that ran out and idle in-process logs.
 func (l *Limiter) Sweep(now time.Time) {
-	l.mu.Lock()
-	rs := l.rules
-	l.mu.Unlock()
-	if rs != nil {
-		for _, r := range rs.list {
-			for _, w := range r.Windows {
-				if w.denied != nil {
-					w.denied.sweep(mono(now))
-				}
-			}
-		}
-	}
+	l.eachDenied(func(d *denied) { d.sweep(mono(now)) })
 	l.local.Sweep()
 	if m, ok := l.store.(*Memory); ok {
 		m.Sweep()

@@ -19,15 +19,14 @@ import (
 
 // Redis is the Store shared by every proxy instance (lua/ratelimit.lua).
 // Decisions wait in one bounded queue; whatever waits when a call leaves
-// rides on it: on one node a batch is one script call, on a cluster one
-// call per hash tag, sent as one pipeline (go-redis splits it per node). So
-// a crowd of new clients costs a round trip per batch, not per client, and
-// the batch grows with the load instead of the queue.
+// rides on it (one script call per batch on a node, one per hash tag in one
+// pipeline on a cluster), so a crowd costs a round trip per batch, not per
+// client, and batches grow with the load instead of the queue.
 //
-// Bounds: a decision that waited longer than the timeout before its call
-// could leave is shed (ErrShed: overload, not failure); a call is bounded
-// by the timeout and its error is a Redis failure, which the breaker
-// counts. So Take returns within about twice the timeout.
+// Bounds: a decision that waited the timeout in the queue is shed (ErrShed:
+// overload); a call is bounded by the timeout and its error is a Redis
+// failure, which the breaker counts. Take returns within about twice the
+// timeout.
 type Redis struct {
 	rdb     redis.Cmdable
 	cluster bool
@@ -40,7 +39,6 @@ type Redis struct {
 	live    atomic.Int64
 	m       *Metrics
 	log     *slog.Logger
-	keys    string // the live-instance set
 	pool    sync.Pool
 }
 
@@ -48,94 +46,89 @@ const (
 	// flushers: calls in flight at once. Redis runs one at a time; two hide
 	// the round trip, more would only split batches.
 	flushers = 2
-	maxBatch = 512  // ops per call (a few ms of Redis time at most)
-	maxQueue = 8192 // undecided requests waiting for a call; past it, shed
+	maxBatch = 512  // decisions per call: a few ms of Redis time at most
+	maxQueue = 8192 // decisions waiting for a call; past it, shed
 	// liveness: an instance that has not heartbeaten for this long is not
-	// live. Every instance heartbeats at a third of it.
+	// live; every instance heartbeats at a third of it.
 	liveness = 3 * time.Second
 )
 
-// op is one decision in the queue. Its waiter blocks until the flusher
-// that took it signals done, which it always does within the bounds.
+// op is one decision in the queue; the flusher that takes it always
+// signals done, within the bounds.
 type op struct {
-	ws     []Want
-	weight int
-	out    []Got
-	ok     bool
-	err    error
-	queued time.Time
-	seq    uint64 // the call that decided it, and its place there: its
-	idx    int    // members are "<id>:<seq>:<idx>:<j>"
-	done   chan struct{}
+	ws       []Want
+	weight   int
+	out      []Got
+	ok       bool
+	err      error
+	queued   time.Time
+	seq, idx uint64 // its call and place there: members "<id>:<seq>:<idx>:<j>"
+	done     chan struct{}
 }
 
-// NewRedis makes the Redis store. instance is this proxy's unique id
-// (members of the logs carry it), keyPrefix is [redis] key_prefix.
-func NewRedis(rdb redis.Cmdable, keyPrefix, instance string, timeout time.Duration, m *Metrics, log *slog.Logger) *Redis {
+// NewRedis makes the Redis store; instance is this proxy's unique id.
+func NewRedis(rdb redis.Cmdable, instance string, timeout time.Duration, m *Metrics, log *slog.Logger) *Redis {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
-	s := &Redis{rdb: rdb, cluster: cluster, id: instance, timeout: timeout, queue: make(chan *op, maxQueue), m: m, log: log,
-		keys: keyPrefix + "{rl}:instances"}
+	s := &Redis{rdb: rdb, cluster: cluster, id: instance, timeout: timeout, queue: make(chan *op, maxQueue), m: m, log: log}
 	s.pool.New = func() any { return &op{done: make(chan struct{}, 1)} }
 	s.br.init()
 	s.live.Store(1)
 	return s
 }
 
-// Take implements Store. On a cluster an op whose windows live under
+// Take implements Store. On a cluster a decision whose windows live under
 // several hash tags is decided tag by tag, per-client tags first and global
-// ones last, each as its own op; when one refuses, the hits taken under the
-// tags before it are removed again (a brief under-admission of those
-// windows, never an over-admission).
+// ones last (so another client is never refused by a global hit about to be
+// removed); when one refuses, the hits taken before it are removed again (a
+// brief under-admission, never an over-admission).
 func (s *Redis) Take(ws []Want, weight int, out []Got) (bool, error) {
 	if !s.cluster || len(ws) == 1 {
-		return s.take(ws, weight, out)
+		o := s.get(ws, weight, out)
+		defer s.pool.Put(o)
+		return s.wait(o)
 	}
 	order := make([]int, len(ws))
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(tagOrder(ws[a].Key), tagOrder(ws[b].Key)) })
-	sorted, got := make([]Want, len(ws)), make([]Got, len(ws))
+	sorted, got, back := make([]Want, len(ws)), make([]Got, len(ws)), map[string][]any{}
 	for i, j := range order {
-		sorted[i] = ws[j]
+		sorted[i], got[i] = ws[j], Got{Remaining: -1}
 	}
-	var taken []Want
-	var members []string
 	ok, err := true, error(nil)
-	for lo := 0; lo < len(sorted) && ok && err == nil; {
-		hi := lo + 1
-		for hi < len(sorted) && hashTag(sorted[hi].Key) == hashTag(sorted[lo].Key) {
-			hi++
+	for lo, hi := 0, 0; lo < len(sorted) && ok && err == nil; lo = hi {
+		for hi = lo + 1; hi < len(sorted) && hashTag(sorted[hi].Key) == hashTag(sorted[lo].Key); hi++ {
 		}
 		o := s.get(sorted[lo:hi], weight, got[lo:hi])
-		ok, err = s.wait(o)
-		if ok && err == nil {
-			taken = append(taken, sorted[lo:hi]...)
-			members = append(members, s.prefix(o))
+		if ok, err = s.wait(o); ok && err == nil {
+			for _, w := range sorted[lo:hi] {
+				for j := range weight {
+					back[w.Key] = append(back[w.Key], s.id+":"+strconv.FormatUint(o.seq, 10)+":"+strconv.FormatUint(o.idx, 10)+":"+strconv.Itoa(j+1))
+				}
+			}
 		}
 		s.pool.Put(o)
-		for k := hi; k < len(sorted); k++ {
-			got[k] = Got{Remaining: -1}
-		}
-		lo = hi
 	}
 	for i, j := range order {
 		out[j] = got[i]
 	}
-	if (!ok || err != nil) && len(taken) > 0 {
-		s.giveBack(taken, members, weight)
+	if (!ok || err != nil) && len(back) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		defer cancel()
+		_, e := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for k, m := range back {
+				p.ZRem(ctx, k, m...)
+			}
+			return nil
+		})
+		if e != nil { // they stay until they slide out: under-admission only
+			s.log.Debug("limiter give-back failed", "err", e)
+		}
 	}
-	return ok, err
-}
-
-// take decides ws as one op.
-func (s *Redis) take(ws []Want, weight int, out []Got) (bool, error) {
-	o := s.get(ws, weight, out)
-	ok, err := s.wait(o)
-	s.pool.Put(o)
 	return ok, err
 }
 
@@ -158,26 +151,19 @@ func (s *Redis) wait(o *op) (bool, error) {
 		return false, ErrShed
 	}
 	s.m.queued.Add(1)
-	s.kick()
+	for n := s.active.Load(); n < flushers; n = s.active.Load() {
+		if s.active.CompareAndSwap(n, n+1) {
+			go s.flush()
+			break
+		}
+	}
 	<-o.done
 	return o.ok, o.err
 }
 
-// kick starts a flusher unless enough run; a flusher exits when it finds the
-// queue empty, so an idle limiter holds no goroutine.
-func (s *Redis) kick() {
-	for {
-		n := s.active.Load()
-		if n >= flushers {
-			return
-		}
-		if s.active.CompareAndSwap(n, n+1) {
-			go s.flush()
-			return
-		}
-	}
-}
-
+// flush sends what is queued until the queue is empty, then exits (an idle
+// limiter holds no goroutine). An op queued just before the exit finds the
+// count still at its bound; the last look after the decrement catches it.
 func (s *Redis) flush() {
 	batch := make([]*op, 0, maxBatch)
 	for {
@@ -191,25 +177,23 @@ func (s *Redis) flush() {
 				break drain
 			}
 		}
-		if len(batch) == 0 {
-			s.active.Add(-1)
-			// An op queued after the drain but before the decrement found
-			// every flusher running: look once more.
-			if len(s.queue) > 0 {
-				s.kick()
-			}
+		if len(batch) > 0 {
+			s.m.queued.Add(-int64(len(batch)))
+			s.send(batch)
+			continue
+		}
+		s.active.Add(-1)
+		if n := s.active.Load(); len(s.queue) == 0 || n >= flushers || !s.active.CompareAndSwap(n, n+1) {
 			return
 		}
-		s.m.queued.Add(-int64(len(batch)))
-		s.send(batch)
 	}
 }
 
-// send decides a batch: sheds what waited too long, then one call per
-// group (the whole batch on one node, each hash tag on a cluster).
+// send decides a batch: sheds what waited too long, then one call per group
+// (the batch on a node; each hash tag on a cluster).
 func (s *Redis) send(batch []*op) {
 	now := time.Now()
-	live := batch[:0]
+	groups, byTag := [][]*op{nil}, map[string]int{}
 	for _, o := range batch {
 		if now.Sub(o.queued) > s.timeout {
 			s.m.shed.WithLabelValues("queue_wait").Inc()
@@ -217,39 +201,28 @@ func (s *Redis) send(batch []*op) {
 			o.done <- struct{}{}
 			continue
 		}
-		live = append(live, o)
-	}
-	if len(live) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	defer cancel()
-	seq := s.seq.Add(1)
-	var groups [][]*op
-	if !s.cluster {
-		groups = [][]*op{live}
-	} else {
-		byTag := map[string]int{}
-		for _, o := range live {
+		g := 0
+		if s.cluster {
 			t := hashTag(o.ws[0].Key)
-			g, ok := byTag[t]
-			if !ok {
+			if g = byTag[t]; g == 0 {
 				g = len(groups)
 				byTag[t] = g
 				groups = append(groups, nil)
 			}
-			groups[g] = append(groups[g], o)
 		}
+		groups[g] = append(groups[g], o)
 	}
-	// On a cluster every group gets its own sequence number, so that its
-	// members are unique (the op index restarts in each).
-	cmds := make([]*redis.Cmd, len(groups))
-	keys, args := make([][]string, len(groups)), make([][]any, len(groups))
+	if len(groups[0]) == 0 {
+		groups = groups[1:]
+	}
+	if len(groups) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	cmds, keys, args := make([]*redis.Cmd, len(groups)), make([][]string, len(groups)), make([][]any, len(groups))
 	for g, ops := range groups {
-		if g > 0 {
-			seq = s.seq.Add(1)
-		}
-		keys[g], args[g] = s.encode(ops, seq)
+		keys[g], args[g] = s.encode(ops, s.seq.Add(1))
 	}
 	t0 := time.Now()
 	if len(groups) == 1 {
@@ -268,10 +241,10 @@ func (s *Redis) send(batch []*op) {
 		}
 	}
 	s.m.latency.Observe(time.Since(t0).Seconds())
-	s.m.batch.Observe(float64(len(live)))
 	var failed error
 	for g, ops := range groups {
 		s.m.called.Add(1)
+		s.m.batch.Observe(float64(len(ops)))
 		err := decode(cmds[g], ops)
 		if err != nil {
 			s.m.fail.Inc()
@@ -284,9 +257,14 @@ func (s *Redis) send(batch []*op) {
 			o.done <- struct{}{}
 		}
 	}
-	if failed != nil {
+	s.record(failed)
+}
+
+// record tells the breaker how a call went.
+func (s *Redis) record(err error) {
+	if err != nil {
 		if s.br.failure(time.Now()) {
-			s.log.Warn("redis limiter degraded: circuit open, rules fall back to on_redis_error", "err", failed)
+			s.log.Warn("redis limiter degraded: circuit open, rules fall back to on_redis_error", "err", err)
 		}
 	} else if s.br.success() {
 		s.log.Info("redis limiter recovered: circuit closed")
@@ -297,10 +275,9 @@ func (s *Redis) send(batch []*op) {
 func (s *Redis) encode(ops []*op, seq uint64) ([]string, []any) {
 	var keys []string
 	index := make(map[string]int, len(ops))
-	args := make([]any, 0, 2+len(ops)*5)
-	args = append(args, s.id, seq)
+	args := append(make([]any, 0, 2+len(ops)*5), s.id, seq)
 	for i, o := range ops {
-		o.seq, o.idx = seq, i+1
+		o.seq, o.idx = seq, uint64(i+1)
 		args = append(args, o.weight, len(o.ws))
 		for _, w := range o.ws {
 			k, ok := index[w.Key]
@@ -321,49 +298,19 @@ func decode(c *redis.Cmd, ops []*op) error {
 	if err != nil {
 		return err
 	}
-	now, i := r[0], 1
+	i := 1
 	for _, o := range ops {
 		if i+1+3*len(o.ws) > len(r) {
 			return fmt.Errorf("limiter: short ratelimit reply (%d values)", len(r))
 		}
 		o.ok = r[i] == 1
-		i++
 		for w := range o.ws {
-			o.out[w] = Got{Full: r[i] == 1, Remaining: int(r[i+1]), Reset: time.Duration(r[i+2]) * time.Millisecond, At: now}
+			o.out[w] = Got{Full: r[i+1] == 1, Remaining: int(r[i+2]), Reset: time.Duration(r[i+3]) * time.Millisecond, At: r[0]}
 			i += 3
 		}
+		i++
 	}
 	return nil
-}
-
-// prefix is the member prefix of o's hits.
-func (s *Redis) prefix(o *op) string {
-	return s.id + ":" + strconv.FormatUint(o.seq, 10) + ":" + strconv.Itoa(o.idx) + ":"
-}
-
-// giveBack removes the hits of a cluster op that a later hash tag refused
-// (members[i] prefixes the hits in the windows of the i-th tag taken).
-func (s *Redis) giveBack(ws []Want, members []string, weight int) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	defer cancel()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		t := 0
-		for i, w := range ws {
-			if i > 0 && hashTag(w.Key) != hashTag(ws[i-1].Key) {
-				t++
-			}
-			m := make([]any, weight)
-			for j := range weight {
-				m[j] = members[t] + strconv.Itoa(j+1)
-			}
-			p.ZRem(ctx, w.Key, m...)
-		}
-		return nil
-	})
-	if err != nil {
-		// The hits stay until they slide out: under-admission only.
-		s.log.Debug("limiter give-back failed", "err", err)
-	}
 }
 
 // hashTag is the part of a key Redis Cluster hashes ({...}), or the key.
@@ -376,16 +323,12 @@ func hashTag(k string) string {
 	return k
 }
 
-// tagOrder sorts the global windows' tags after the per-client ones, so
-// that on a cluster a request holds a global hit only once its own windows
-// admitted it: another client is never refused by a hit that is about to be
-// given back.
+// tagOrder sorts the global windows' tags after the per-client ones.
 func tagOrder(k string) string {
-	t := hashTag(k)
-	if strings.HasPrefix(t, "rl:g:") {
+	if t := hashTag(k); strings.HasPrefix(t, "rl:g:") {
 		return "\xff" + t
 	}
-	return t
+	return hashTag(k)
 }
 
 var errBreakerOpen = errors.New("redis circuit breaker open")
@@ -396,33 +339,24 @@ func (s *Redis) Live() int { return int(max(1, s.live.Load())) }
 // Degraded reports whether the circuit breaker keeps Redis out of the path.
 func (s *Redis) Degraded() bool { return s.br.isOpen() }
 
-// Run heartbeats until ctx ends, learning the live-instance count (for
-// on_redis_error = "local": limit / live instances).
-func (s *Redis) Run(ctx context.Context) {
+// Run heartbeats into the live-instance set until ctx ends, learning how
+// many instances share the windows (on_redis_error = "local": limit / live).
+func (s *Redis) Run(ctx context.Context, set string) {
 	t := time.NewTicker(liveness / 3)
 	defer t.Stop()
 	for {
-		s.heartbeat()
+		if s.br.allow(time.Now()) {
+			c, cancel := context.WithTimeout(ctx, s.timeout)
+			n, err := lua.Instances.Run(c, s.rdb, []string{set}, s.id, liveness.Milliseconds()).Int64()
+			cancel()
+			if s.record(err); err == nil {
+				s.live.Store(n)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
-}
-
-func (s *Redis) heartbeat() {
-	if !s.br.allow(time.Now()) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	n, err := lua.Instances.Run(ctx, s.rdb, []string{s.keys}, s.id, liveness.Milliseconds()).Int64()
-	cancel()
-	if err != nil {
-		s.br.failure(time.Now())
-		s.log.Debug("limiter heartbeat failed", "err", err)
-		return
-	}
-	s.br.success()
-	s.live.Store(n)
 }

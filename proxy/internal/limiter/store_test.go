@@ -19,7 +19,7 @@ func stores(t *testing.T, fn func(t *testing.T, s Store, prefix string)) {
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		rdb, prefix := servicetest.Redis(t)
-		fn(t, NewRedis(rdb, prefix, "t", 2*time.Second, NewMetrics(prometheus.NewRegistry()), nil), prefix)
+		fn(t, NewRedis(rdb, "t", 2*time.Second, NewMetrics(prometheus.NewRegistry()), nil), prefix)
 	})
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
