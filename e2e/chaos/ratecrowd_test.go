@@ -54,6 +54,14 @@ import (
 // crowdHang: a request not answered this long after it was sent hung.
 const crowdHang = 10 * time.Second
 
+// degradedMark is the response header by which the proxy would mark an
+// answer decided by on_redis_error. Today's proxy marks none (only the
+// metric counts them), so the slow test judges the windows strictly only
+// when nothing fell back; a proxy that sends this header on such answers
+// gets them left out and the rest judged strictly (name the real header
+// here if the limiter's rewrite adds one).
+const degradedMark = "Seckill-Limiter-Degraded"
+
 // crowdShape is one form of a crowd test.
 type crowdShape struct {
 	plan   ratecrowd.Plan
@@ -287,11 +295,11 @@ func TestProxyCrowdExact(t *testing.T) {
 // redis_timeout, +50 ms with redis_timeout = "200ms". Every answer within
 // twice the shed bound, none hung; the decisions that went through Redis
 // versus fell back or were shed are reported; and the windows are exact for
-// every decision that did not fall back. The proxy marks no single answer
-// as fallen back (only the metric counts them), so the windows are judged
-// strictly when no decision fell back; otherwise only the global window,
-// against its limit plus the fallbacks (each admits at most one request),
-// and the report says so.
+// every decision that did not fall back. Today's proxy marks no single
+// answer as fallen back (only the metric counts them; see degradedMark), so
+// the windows are judged strictly when no decision fell back; otherwise
+// only the global window, against its limit plus the fallbacks (each admits
+// at most one request), and the log says so.
 func TestProxyCrowdRedisSlow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a crowd through bin/proxy")
@@ -318,6 +326,8 @@ func TestProxyCrowdRedisSlow(t *testing.T) {
 			}
 			up := ratecrowd.StartUpstream(t)
 			ps := startCrowdProxies(t, 2, crowdRule(sh.limits, extra), up.Addr, "redis://"+fp.Addr()+"/0", prefix)
+			sh := sh
+			sh.plan.DegradedHeader = degradedMark
 			fp.Set(faultnet.Faults{Down: faultnet.Flow{DelayRate: 1, Delay: c.delay}})
 			r := runCrowd(t, sh, ps, up, addr)
 			defer reportRow(t, "Redis replies +"+c.delay.String(), &r)
@@ -329,7 +339,13 @@ func TestProxyCrowdRedisSlow(t *testing.T) {
 				t.Fatalf("no reply was delayed: %+v", st)
 			}
 			checkAnswers(t, r.rep, shedBound(timeout))
-			if r.degraded == 0 {
+			switch {
+			case r.degraded == 0:
+				checkExact(t, r.rep)
+				return
+			case r.rep.Degraded > 0:
+				t.Logf("windows judged on the answers not marked %s (%d marked; the proxies counted %.0f fallbacks)",
+					degradedMark, r.rep.Degraded, r.degraded)
 				checkExact(t, r.rep)
 				return
 			}

@@ -36,6 +36,10 @@ type Plan struct {
 	Hang time.Duration
 	// Path of every request (the limited rule's).
 	Path string
+	// DegradedHeader, when set, is a response header by which the proxy
+	// marks an answer decided without Redis (on_redis_error); such
+	// requests are left out of the windows' judgment.
+	DegradedHeader string
 }
 
 // Request is one request of the crowd as the test saw it: offsets on the
@@ -46,6 +50,7 @@ type Request struct {
 	Via                     int8 // index of the target (proxy) it went through
 	Status                  int16
 	Hung                    bool // no answer within Plan.Hang
+	Degraded                bool // the answer carried Plan.DegradedHeader
 	Sent, Answered, Reached time.Duration
 	ID                      uint64 // its X-Crowd-Id
 }
@@ -245,6 +250,7 @@ func Run(t testing.TB, p Plan, targets []string, up *Upstream) *Result {
 				}
 				r.Answered = time.Since(up.epoch)
 				r.Status = int16(resp.StatusCode())
+				r.Degraded = p.DegradedHeader != "" && len(resp.Header.Peek(p.DegradedHeader)) > 0
 				mine = append(mine, r)
 			}
 		})
