@@ -111,7 +111,10 @@ func crowdRule(l ratecrowd.Limits, extra string) string {
 	return fmt.Sprintf(`
 [proxy]
 read_timeout     = "30s"
-upstream_timeout = "10s" # the upstream shares the test process with the crowd
+# The upstream shares the test process with the race-built crowd: on a
+# loaded box it accepts and answers late (1s to connect gave 502s).
+upstream_connect_timeout = "5s"
+upstream_timeout         = "10s"
 %s
 [[proxy.rules]]
 name        = "crowd"
