@@ -5,7 +5,9 @@
 #                           (SECKILL_CHAOS=1: RabbitMQ close_all_connections and
 #                           stop_app/start_app, Redis FLUSHDB/CLIENT PAUSE, a
 #                           MariaDB restart), run alone, then the proxy's Redis
-#                           faults (proxy/internal/edge TestRedisFaults); prints
+#                           faults (proxy/internal/edge TestRedisFaults); the
+#                           edge limiter's crowd tests run their 5,000-client
+#                           form (e2e/chaos TestProxyCrowd*); prints
 #                           fault | attempts | accepted | confirmed | failed |
 #                           oversold | duplicates | lost | verdict
 #                           The suite includes the Redis Cluster master and

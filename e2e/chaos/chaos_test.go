@@ -1,7 +1,9 @@
 // Package chaos is the fault-injection suite of issue 5: each test runs a
 // flash sale of real processes (e2e/internal/stack) on an isolated stack,
 // injects one fault at a random point, heals it, drains, and asserts I1–I5
-// (docs/invariants.md) in MySQL and Redis.
+// (docs/invariants.md) in MySQL and Redis. The edge limiter's crowd tests
+// (ratecrowd_test.go) run a crowd of distinct clients through 2 proxies
+// instead, and judge its windows (docs/limiter.md).
 //
 // Faults local to the test's own processes (kill -9 of a worker or a backend,
 // SCRIPT FLUSH, duplicate and poison messages) run in `make test`. Faults that
