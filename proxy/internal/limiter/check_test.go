@@ -93,12 +93,13 @@ func TestCrowdSharesCalls(t *testing.T) {
 type hold struct {
 	release chan struct{}
 	held    atomic.Int32
+	pass    atomic.Int32 // calls let through before holding
 }
 
 func (h *hold) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *hold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.pass.Add(-1) < 0 {
 			h.held.Add(1)
 			<-h.release
 		}
@@ -156,6 +157,35 @@ func TestQueuedDecisionShedNotFallback(t *testing.T) {
 	}
 	if shed != 8 || degraded != 2 || value(t, m.shed) != 8 || value(t, m.fallbacks) != 2 {
 		t.Fatalf("%d shed, %d fallen back (metrics %v, %v), want 8 and 2", shed, degraded, value(t, m.shed), value(t, m.fallbacks))
+	}
+}
+
+// A call that times out while Redis answered another just before met load,
+// not a failure: its decisions are shed (503), not handed to on_redis_error,
+// and the breaker stays closed.
+func TestCallTimeoutAfterAnswerIsShed(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.RedisNode(t)
+	h := &hold{release: make(chan struct{})}
+	h.pass.Store(1)
+	rdb.AddHook(h)
+	m := NewMetrics(prometheus.NewRegistry())
+	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(5, time.Second)})
+	const timeout = 200 * time.Millisecond
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: timeout, Instance: "slow", Metrics: m})
+	if d := check(l, rs, "10.6.0.1"); d.Outcome != Admit || d.Degraded {
+		t.Fatalf("first decision: %+v", d)
+	}
+	go func() {
+		for h.held.Load() < 1 {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(timeout + 50*time.Millisecond) // past the call's deadline
+		close(h.release)
+	}()
+	d := check(l, rs, "10.6.0.2")
+	if d.Outcome != Shed || d.Degraded || value(t, m.fallbacks) != 0 || value(t, m.shed.WithLabelValues("call_timeout")) != 1 || l.Degraded() {
+		t.Fatalf("timed-out call after an answer: %+v, %v fallbacks, %v shed", d, value(t, m.fallbacks), value(t, m.shed))
 	}
 }
 

@@ -283,7 +283,7 @@ func (l *Limiter) fallback(d *Decision, err error) bool {
 	switch {
 	case errors.Is(err, errBreakerOpen):
 		reason = "breaker_open"
-	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+	case isTimeout(err):
 		reason = "timeout"
 	}
 	l.m.fallbacks.WithLabelValues(reason).Inc()
@@ -330,10 +330,10 @@ func (l *Limiter) fallback(d *Decision, err error) bool {
 	return d.limited(retry, false)
 }
 
-// isTimeout: a network timeout (go-redis's read/write deadlines).
+// isTimeout: the call's deadline, or a network timeout.
 func isTimeout(err error) bool {
 	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &t) && t.Timeout()
 }
 
 // refuse names e's window among those that refused.

@@ -14,7 +14,7 @@ type Metrics struct {
 	decisions *prometheus.CounterVec // rule, outcome: admitted|limited|shadow|degraded|shed
 	windows   *prometheus.CounterVec // rule, window kind, outcome: admitted|refused
 	fallbacks *prometheus.CounterVec // reason: timeout|error|breaker_open
-	shed      *prometheus.CounterVec // reason: queue_full|queue_wait
+	shed      *prometheus.CounterVec // reason: queue_full|queue_wait|call_timeout
 	latency   prometheus.Histogram
 	batch     prometheus.Histogram
 
@@ -40,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		fallbacks: vec("seckill_proxy_limiter_fallbacks_total",
 			"Decisions made by on_redis_error, by why Redis could not decide: timeout, error, breaker_open.", "reason"),
 		shed: vec("seckill_proxy_limiter_shed_total",
-			"Decisions shed (503) because the limiter was overloaded: queue_full, or queue_wait (waited redis_timeout for a call).", "reason"),
+			"Decisions shed (503) because the limiter was overloaded: queue_full, queue_wait (waited redis_timeout for a call), call_timeout (the call timed out while Redis answered others).", "reason"),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "seckill_proxy_redis_call_seconds",
 			Help: "Latency of limiter round trips to Redis.", Buckets: metrics.LatencyBuckets}),
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "seckill_proxy_limiter_batch_decisions",

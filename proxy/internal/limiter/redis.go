@@ -24,9 +24,11 @@ import (
 // client, and batches grow with the load instead of the queue.
 //
 // Bounds: a decision that waited the timeout in the queue is shed (ErrShed:
-// overload); a call is bounded by the timeout and its error is a Redis
-// failure, which the breaker counts. Take returns within about twice the
-// timeout.
+// overload); a call is bounded by the timeout. A call that timed out while
+// Redis answered another within the last two timeouts met load, not a
+// failure: its decisions are shed too. Any other error is a Redis failure,
+// which the breaker counts and on_redis_error answers. Take returns within
+// about twice the timeout.
 type Redis struct {
 	rdb     redis.Cmdable
 	cluster bool
@@ -37,6 +39,7 @@ type Redis struct {
 	active  atomic.Int32 // flushers running
 	br      breaker
 	live    atomic.Int64
+	lastOK  atomic.Int64 // mono ns of the last call Redis answered
 	m       *Metrics
 	log     *slog.Logger
 	pool    sync.Pool
@@ -246,11 +249,16 @@ func (s *Redis) send(batch []*op) {
 		s.m.called.Add(1)
 		s.m.batch.Observe(float64(len(ops)))
 		err := decode(cmds[g], ops)
-		if err != nil {
+		switch {
+		case err == nil:
+			s.m.ok.Inc()
+		case isTimeout(err) && s.answeredWithin(2 * s.timeout):
+			s.m.fail.Inc()
+			s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
+			err = ErrShed
+		default:
 			s.m.fail.Inc()
 			failed = err
-		} else {
-			s.m.ok.Inc()
 		}
 		for _, o := range ops {
 			o.err = err
@@ -260,8 +268,17 @@ func (s *Redis) send(batch []*op) {
 	s.record(failed)
 }
 
-// record tells the breaker how a call went.
+// answeredWithin: Redis answered a call within the last d.
+func (s *Redis) answeredWithin(d time.Duration) bool {
+	last := s.lastOK.Load()
+	return last != 0 && mono(time.Now())-last < int64(d)
+}
+
+// record tells the breaker how a call went (nil: Redis answered).
 func (s *Redis) record(err error) {
+	if err == nil {
+		s.lastOK.Store(mono(time.Now()))
+	}
 	if err != nil {
 		if s.br.failure(time.Now()) {
 			s.log.Warn("redis limiter degraded: circuit open, rules fall back to on_redis_error", "err", err)
