@@ -16,10 +16,15 @@ import (
 )
 
 // crowd opens one keep-alive connection from each of n source addresses
-// (127.0.0.2 upwards: every 127/8 address is local on Linux) to target and
-// sends GET / on each in a loop for d; then prints requests/s, the status
-// breakdown and latency percentiles as "key value" lines.
-func crowd(target string, n int, d time.Duration, out io.Writer) error {
+// (127.0.0.2 upwards: every 127/8 address is local on Linux) to one of
+// targets (client i to targets[i%len(targets)]: a crowd split over several
+// instances) and sends GET / on each in a loop for d; then prints the run's
+// length, requests/s, the status breakdown and latency percentiles as
+// "key value" lines.
+func crowd(targets []string, n int, d time.Duration, out io.Writer) error {
+	if len(targets) == 0 {
+		return errors.New("crowd: no target")
+	}
 	if err := raiseNoFile(n + 256); err != nil {
 		return err
 	}
@@ -33,7 +38,7 @@ func crowd(target string, n int, d time.Duration, out io.Writer) error {
 		a := uint32(127)<<24 | uint32(i+2) // from 127.0.0.2: .0 and .1 are not clients
 		src := &net.TCPAddr{IP: net.IPv4(byte(a>>24), byte(a>>16), byte(a>>8), byte(a))}
 		dl := net.Dialer{LocalAddr: src, Timeout: 5 * time.Second}
-		c, err := dl.Dial("tcp", target)
+		c, err := dl.Dial("tcp", targets[i%len(targets)])
 		if err != nil {
 			return fmt.Errorf("connection %d of %d from %s: %w", i+1, n, src.IP, err)
 		}
@@ -42,6 +47,7 @@ func crowd(target string, n int, d time.Duration, out io.Writer) error {
 	req := []byte("GET / HTTP/1.1\r\nHost: crowd\r\nUser-Agent: crowd\r\n\r\n")
 	var total atomic.Int64
 	var codes [6]atomic.Int64
+	var unavailable atomic.Int64 // 503: a shed, or the upstream unreachable
 	var mu sync.Mutex
 	var lat []time.Duration
 	stop := make(chan struct{})
@@ -82,8 +88,11 @@ func crowd(target string, n int, d time.Duration, out io.Writer) error {
 				if k := resp.StatusCode() / 100; k >= 1 && k <= 5 {
 					codes[k].Add(1)
 				}
-				if resp.StatusCode() == 429 {
+				switch resp.StatusCode() {
+				case 429:
 					codes[0].Add(1)
+				case 503:
+					unavailable.Add(1)
 				}
 			}
 		})
@@ -106,8 +115,8 @@ func crowd(target string, n int, d time.Duration, out io.Writer) error {
 		}
 		return lat[min(len(lat)-1, int(q*float64(len(lat))))]
 	}
-	fmt.Fprintf(out, "clients %d\nrequests %d\nrps %.0f\n2xx %d\n429 %d\nother %d\np50 %v\np99 %v\n",
-		n, total.Load(), float64(total.Load())/el.Seconds(), codes[2].Load(), codes[0].Load(),
+	fmt.Fprintf(out, "clients %d\nseconds %.3f\nrequests %d\nrps %.0f\n2xx %d\n429 %d\n503 %d\nother %d\np50 %v\np99 %v\n",
+		n, el.Seconds(), total.Load(), float64(total.Load())/el.Seconds(), codes[2].Load(), codes[0].Load(), unavailable.Load(),
 		total.Load()-codes[2].Load()-codes[0].Load(), pct(0.5), pct(0.99))
 	return nil
 }
