@@ -115,9 +115,10 @@ func crowd(targets []string, n int, d time.Duration, out io.Writer) error {
 		}
 		return lat[min(len(lat)-1, int(q*float64(len(lat))))]
 	}
-	fmt.Fprintf(out, "clients %d\nseconds %.3f\nrequests %d\nrps %.0f\n2xx %d\n429 %d\n503 %d\nother %d\np50 %v\np99 %v\n",
+	fmt.Fprintf(out, "clients %d\nseconds %.3f\nrequests %d\nrps %.0f\n2xx %d\n429 %d\n503 %d\nother %d\np50 %v\np99 %v\np50_ms %.3f\np99_ms %.3f\n",
 		n, el.Seconds(), total.Load(), float64(total.Load())/el.Seconds(), codes[2].Load(), codes[0].Load(), unavailable.Load(),
-		total.Load()-codes[2].Load()-codes[0].Load(), pct(0.5), pct(0.99))
+		total.Load()-codes[2].Load()-codes[0].Load(), pct(0.5), pct(0.99),
+		float64(pct(0.5))/1e6, float64(pct(0.99))/1e6)
 	return nil
 }
 
