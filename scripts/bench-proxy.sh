@@ -141,7 +141,7 @@ HARD=$(ulimit -Hn)
 REDIS_PID=""
 if [ -z "${REDIS_URL:-}" ] && need redis-server; then
   RP=$(port)
-  redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --daemonize no --maxclients 4064 >"$work/redis.log" 2>&1 &
+  redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
   pids+=($!)
   REDIS_PID=$! OWN_REDIS=1
   REDIS_URL="redis://127.0.0.1:$RP/0"
@@ -202,7 +202,7 @@ start_proxy() {
 ready() {
   local n
   for n in "$@"; do
-    wait_port "${LISTEN[$n]}"
+    wait_port "${LISTEN[$n]}" || { echo "bench-proxy: $n does not listen: $(tail -n 3 "$work/$n.log" | tr '\n' ' ')" >&2; continue; }
     for _ in $(seq 100); do
       [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${ADM[$n]}/readyz")" = 200 ] && continue 2
       sleep 0.05
@@ -212,7 +212,11 @@ ready() {
 }
 stop_proxy() {
   local n
-  for n in "$@"; do kill -KILL "${PPID_[$n]}" 2>/dev/null || true; wait "${PPID_[$n]}" 2>/dev/null || true; done
+  for n in "$@"; do
+    kill -0 "${PPID_[$n]}" 2>/dev/null || echo "bench-proxy: proxy $n (${BIN[$n]}) had exited before the end of its run: $(tail -n 3 "$work/$n.log" | tr '\n' ' ')" >&2
+    kill -KILL "${PPID_[$n]}" 2>/dev/null || true
+    wait "${PPID_[$n]}" 2>/dev/null || true
+  done
 }
 
 # ---------------------------------------------------------------- metrics
@@ -442,7 +446,7 @@ bench() {
     r0=$(rcalls) k0=$(cpu_ticks "$REDIS_PID")
   fi
   c0=$(cpu_ticks "$@")
-  out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "$url")
+  out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency "$url") || echo "bench-proxy: wrk against $name failed: $out" >&2
   c1=$(cpu_ticks "$@")
   RPS[$name]=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
   P50[$name]=$(awk '$1=="50%" {print $2}' <<<"$out")
@@ -464,38 +468,33 @@ bench() {
   fi
 }
 if [ -z "${SKIP_WRK:-}" ]; then
-  fwd=(px p4)
-  start_proxy px "$PROXY" "${PREFIX}px_" 10000000 1s 10000000
-  start_proxy p4 "$PROXY" "${PREFIX}p4_" 1 1h 10000000
-  if [ -n "$BASE" ]; then
-    start_proxy pxb "$BASE" "${PREFIX}pxb_" 10000000 1s 10000000
-    start_proxy p4b "$BASE" "${PREFIX}p4b_" 1 1h 10000000
-    fwd+=(pxb p4b)
-  fi
-  ready "${fwd[@]}"
-  for n in "${fwd[@]}"; do
-    case $n in p4*) curl -s -o /dev/null "http://127.0.0.1:${LISTEN[$n]}/" || true ;; esac # spend the one slot
-  done
+  # Each proxy runs alone, started for its row and stopped after it: the
+  # Redis commands and redis-server's CPU are that row's alone.
+  # fwd_proxy ROW BINARY PERIP PERIP_WINDOW: start, (429 rows: spend the one
+  # slot), bench, stop.
+  fwd_proxy() {
+    local n=fp$((++fwdn))
+    start_proxy "$n" "$2" "${PREFIX}${n}_" "$3" "$4" 10000000
+    ready "$n"
+    [ "$3" = 1 ] && { curl -s -o /dev/null "http://127.0.0.1:${LISTEN[$n]}/" || true; }
+    bench "$1" "http://127.0.0.1:${LISTEN[$n]}/" "$n" "${PPID_[$n]}"
+    stop_proxy "$n"
+    rows+=("$1")
+  }
+  fwdn=0
   load0=$(cut -d' ' -f1-3 /proc/loadavg)
-  rows=(direct passthrough proxy)
+  rows=(direct passthrough)
   bench direct "http://127.0.0.1:$UP/" - "$UP_PID"
   bench passthrough "http://127.0.0.1:$PT/" - "$PT_PID"
-  bench proxy "http://127.0.0.1:${LISTEN[px]}/" px "${PPID_[px]}"
-  if [ -n "$BASE" ]; then
-    bench "proxy(base)" "http://127.0.0.1:${LISTEN[pxb]}/" pxb "${PPID_[pxb]}"
-    rows+=("proxy(base)")
-  fi
+  fwd_proxy proxy "$PROXY" 10000000 1s
+  [ -n "$BASE" ] && fwd_proxy "proxy(base)" "$BASE" 10000000 1s
   # shellcheck disable=SC2046 # nginx: its workers (children of the master)
   bench nginx "http://127.0.0.1:$NG/" - $(ng_workers)
   bench haproxy "http://127.0.0.1:$HF/" - "$HA_PID"
-  bench proxy-429 "http://127.0.0.1:${LISTEN[p4]}/" p4 "${PPID_[p4]}"
-  rows+=(nginx haproxy proxy-429)
-  if [ -n "$BASE" ]; then
-    bench "proxy(base)-429" "http://127.0.0.1:${LISTEN[p4b]}/" p4b "${PPID_[p4b]}"
-    rows+=("proxy(base)-429")
-  fi
+  rows+=(nginx haproxy)
+  fwd_proxy proxy-429 "$PROXY" 1 1h
+  [ -n "$BASE" ] && fwd_proxy "proxy(base)-429" "$BASE" 1 1h
   load1=$(cut -d' ' -f1-3 /proc/loadavg)
-  stop_proxy "${fwd[@]}"
 
   echo
   echo "forward path: $CONNS connections from 127.0.0.1, $THREADS wrk threads, $DURATION each"
@@ -546,21 +545,9 @@ if [ -z "${SKIP_CROWD:-}" ]; then
   printf '%-7s %-7s %-15s %8s %8s %8s %8s %8s %6s %8s %7s %8s %11s %6s %9s %7s\n' \
     clients global target "req/s" "p50 ms" "p99 ms" admitted allowed "adm%" 429 other degraded "fb t/e/b" sheds "cmds/c/w" "cpu us"
   declare -A C
-  HITLINES=()
+  HITLINES=() celln=0
   for m in $CROWD_MODES; do
     g=$(glimit "$m")
-    pair=()
-    for t in $CROWD_TARGETS; do
-      case $t in
-        proxy) start_proxy "c1$m" "$PROXY" "${PREFIX}c$m"_ "$CROWD_PERIP" 1s "$g" "$CROWD_REDIS_TIMEOUT"
-          start_proxy "c2$m" "$PROXY" "${PREFIX}c$m"_ "$CROWD_PERIP" 1s "$g" "$CROWD_REDIS_TIMEOUT"
-          pair+=("c1$m" "c2$m") ;;
-        "proxy(base)") start_proxy "b1$m" "$BASE" "${PREFIX}b$m"_ "$CROWD_PERIP" 1s "$g" "$CROWD_REDIS_TIMEOUT"
-          start_proxy "b2$m" "$BASE" "${PREFIX}b$m"_ "$CROWD_PERIP" 1s "$g" "$CROWD_REDIS_TIMEOUT"
-          pair+=("b1$m" "b2$m") ;;
-      esac
-    done
-    [ ${#pair[@]} -gt 0 ] && ready "${pair[@]}"
     for n in $CROWD_SIZES; do
       for t in $CROWD_TARGETS; do
         why=$(fits "$t" "$n")
@@ -570,8 +557,15 @@ if [ -z "${SKIP_CROWD:-}" ]; then
         fi
         px=() cpids=()
         case $t in
-          proxy) px=("c1$m" "c2$m") label="proxy x2" ;;
-          "proxy(base)") px=("b1$m" "b2$m") label="proxy(base) x2" ;;
+          proxy | "proxy(base)")
+            # a fresh pair for each cell, on a prefix of its own: no state
+            # of an earlier cell (windows, client states, leases) is left
+            b=$PROXY label="proxy x2"
+            [ "$t" = proxy ] || b=$BASE label="proxy(base) x2"
+            cell=c$((++celln))
+            px=("${cell}a" "${cell}b")
+            for q in "${px[@]}"; do start_proxy "$q" "$b" "${PREFIX}${cell}_" "$CROWD_PERIP" 1s "$g" "$CROWD_REDIS_TIMEOUT"; done
+            ready "${px[@]}" ;;
           nginx) label=nginx target="127.0.0.1:${NGC[$m]}" ;;
           haproxy*) label=$t target="127.0.0.1:${HAC[$m.$t]}" cpids=("$HA_PID") ;;
           *) echo "bench-proxy: unknown crowd target $t" >&2; continue ;;
@@ -588,6 +582,7 @@ if [ -z "${SKIP_CROWD:-}" ]; then
         c0=$(cpu_ticks "${cpids[@]}")
         if ! out=$("$work/benchserver" -mode crowd -target "$target" -clients "$n" -duration "$CROWD_DURATION" 2>"$work/crowd.err"); then
           printf '%-7s %-7s %-15s failed: %s\n' "$n" "$m" "$label" "$(tr '\n' ' ' <"$work/crowd.err")"
+          [ ${#px[@]} -gt 0 ] && stop_proxy "${px[@]}"
           sleep "$CROWD_PAUSE"
           continue
         fi
@@ -604,6 +599,7 @@ if [ -z "${SKIP_CROWD:-}" ]; then
           cmds=$(awk -v c="$((r1 - r0 - 1))" -v n="$n" -v w="$windows" 'BEGIN { printf "%.2f", c / n / w }')
           h=$(hits_line)
           [ -n "$h" ] && HITLINES+=("$n $m $label: $h")
+          stop_proxy "${px[@]}"
         fi
         printf '%-7s %-7s %-15s %8s %8.1f %8.1f %8s %8s %6s %8s %7s %8s %11s %6s %9s %7s\n' \
           "$n" "$m" "$label" "${C[rps]}" "${C[p50_ms]}" "${C[p99_ms]}" "${C[2xx]}" "$allowed" \
@@ -612,7 +608,6 @@ if [ -z "${SKIP_CROWD:-}" ]; then
         sleep "$CROWD_PAUSE"
       done
     done
-    [ ${#pair[@]} -gt 0 ] && stop_proxy "${pair[@]}"
   done
   echo "(admitted: 2xx answers; allowed: min(clients x $CROWD_PERIP, global) per 1 s window x the windows the run spans"
   echo " (its length rounded up; answers to requests sent before the end count); other: neither 2xx nor 429 (503 sheds"
