@@ -71,6 +71,9 @@
 #                      proxy(base) x2 cells (old vs new in one run)
 #   SKIP_WRK           set: no forward path      SKIP_CROWD  set: no crowd
 #   DURATION (8s) CONNS (64) THREADS (2)         the wrk runs
+#   FWD_REDIS_TIMEOUT  the forward-path proxies' redis_timeout (default: the
+#                      build's); a run whose decisions mostly fell back to
+#                      on_redis_error is flagged with a WARNING line
 #   REDIS_URL          use this Redis (default: start our own redis-server;
 #                      its commands and CPU are then this run's alone)
 #   CROWD_SIZES        ("1000 5000 9000"; CROWD_CLIENTS, the old knob, if set
@@ -94,7 +97,7 @@ CROWD_TARGETS=${CROWD_TARGETS:-proxy nginx haproxy haproxy-adm}
 CROWD_DURATION=${CROWD_DURATION:-5s} CROWD_PERIP=${CROWD_PERIP:-5}
 CROWD_GLOBAL=${CROWD_GLOBAL:-3000} CROWD_GLOBAL_OPEN=${CROWD_GLOBAL_OPEN:-10000000}
 CROWD_PAUSE=${CROWD_PAUSE:-2}
-CROWD_REDIS_TIMEOUT=${CROWD_REDIS_TIMEOUT-2s}
+CROWD_REDIS_TIMEOUT=${CROWD_REDIS_TIMEOUT-2s} FWD_REDIS_TIMEOUT=${FWD_REDIS_TIMEOUT:-}
 [ -n "${BASE_PROXY_BIN:-}" ] && CROWD_TARGETS="${CROWD_TARGETS/proxy/proxy proxy(base)}"
 T0=$(date +%s)
 
@@ -463,7 +466,7 @@ bench() {
     # the commands of the run by name, most first (the INFO reads left out)
     RCNT[$name]=$((r1 - r0 - 1))
     TOP[$name]=$(LC_ALL=C join -a2 "$work/cb" "$work/ca" | awk 'NF==2 {$3=$2; $2=0} $1!="info" && $3-$2>0 {print $3-$2, $1}' | sort -rn | head -6 | awk '{printf "%s%s=%s", (NR>1 ? ", " : ""), $2, $1}')
-    LIM[$name]=$(limiter_figures "${BIN[$px]}")
+    LIM[$name]="$(limiter_figures "${BIN[$px]}") $(mdelta seckill_proxy_decisions_total outcome=admitted) $(mdelta seckill_proxy_decisions_total outcome=limited) $(mdelta seckill_proxy_decisions_total outcome=shadow)"
     HITS[$name]=$(hits_line)
   fi
 }
@@ -474,7 +477,7 @@ if [ -z "${SKIP_WRK:-}" ]; then
   # slot), bench, stop.
   fwd_proxy() {
     local n=fp$((++fwdn))
-    start_proxy "$n" "$2" "${PREFIX}${n}_" "$3" "$4" 10000000
+    start_proxy "$n" "$2" "${PREFIX}${n}_" "$3" "$4" 10000000 "$FWD_REDIS_TIMEOUT"
     ready "$n"
     [ "$3" = 1 ] && { curl -s -o /dev/null "http://127.0.0.1:${LISTEN[$n]}/" || true; }
     bench "$1" "http://127.0.0.1:${LISTEN[$n]}/" "$n" "${PPID_[$n]}"
@@ -519,8 +522,15 @@ if [ -z "${SKIP_WRK:-}" ]; then
   done
   for n in proxy "proxy(base)" proxy-429 "proxy(base)-429"; do
     [ -n "${RPS[$n]:-}" ] || continue
-    read -r d fb sh <<<"${LIM[$n]}"
-    echo "$n: Redis commands ${RCNT[$n]} (${TOP[$n]:-none}); degraded (fell back to on_redis_error) $d, fallbacks timeout/error/breaker_open $fb, sheds $sh${HITS[$n]:+; local hits: ${HITS[$n]}}"
+    read -r d fb sh da dl ds <<<"${LIM[$n]}"
+    dt=$((da + dl + ds))
+    echo "$n: Redis commands ${RCNT[$n]} (${TOP[$n]:-none}); decisions admitted/limited/shadow $da/$dl/$ds, degraded (fell back to on_redis_error) $d, fallbacks timeout/error/breaker_open $fb, sheds $sh${HITS[$n]:+; local hits: ${HITS[$n]}}"
+    # A run whose decisions mostly fell back measured the fallback, not the
+    # limiter's path (on a loaded box redis_timeout, 20ms by default, is
+    # easily outlasted; FWD_REDIS_TIMEOUT gives it room).
+    if awk -v d="$d" -v t="$dt" 'BEGIN { exit !(t > 0 && d > 0.01 * t) }'; then
+      echo "WARNING: $n: $(awk -v d="$d" -v t="$dt" 'BEGIN { printf "%.0f%%", 100 * d / t }') of its decisions fell back to on_redis_error (redis_timeout ${FWD_REDIS_TIMEOUT:-(the build default)}): its CPU, Redis and req/s figures are largely the fallback's, not the limiter's"
+    fi
   done
 fi
 
@@ -542,10 +552,11 @@ if [ -z "${SKIP_CROWD:-}" ]; then
   echo
   echo "scaling: crowds of distinct clients (127.0.0.0/8, one keep-alive connection each, sending in a loop for $CROWD_DURATION),"
   echo "per-IP $CROWD_PERIP/1s; global $CROWD_GLOBAL/1s (binding) or $CROWD_GLOBAL_OPEN/1s (open); crowd proxies' redis_timeout ${CROWD_REDIS_TIMEOUT:-(the build default)}"
-  printf '%-7s %-7s %-15s %8s %8s %8s %8s %8s %6s %8s %7s %8s %11s %6s %9s %7s\n' \
-    clients global target "req/s" "p50 ms" "p99 ms" admitted allowed "adm%" 429 other degraded "fb t/e/b" sheds "cmds/c/w" "cpu us"
+  printf '%-7s %-7s %-15s %8s %8s %8s %8s %8s %6s %8s %6s %6s %8s %11s %6s %9s %7s\n' \
+    clients global target "req/s" "p50 ms" "p99 ms" admitted allowed "adm%" 429 503 other degraded "fb t/e/b" sheds "cmds/c/w" "cpu us"
   declare -A C
   HITLINES=() celln=0
+  declare -A CR CP50 CP99
   for m in $CROWD_MODES; do
     g=$(glimit "$m")
     for n in $CROWD_SIZES; do
@@ -601,22 +612,39 @@ if [ -z "${SKIP_CROWD:-}" ]; then
           [ -n "$h" ] && HITLINES+=("$n $m $label: $h")
           stop_proxy "${px[@]}"
         fi
-        printf '%-7s %-7s %-15s %8s %8.1f %8.1f %8s %8s %6s %8s %7s %8s %11s %6s %9s %7s\n' \
+        printf '%-7s %-7s %-15s %8s %8.1f %8.1f %8s %8s %6s %8s %6s %6s %8s %11s %6s %9s %7s\n' \
           "$n" "$m" "$label" "${C[rps]}" "${C[p50_ms]}" "${C[p99_ms]}" "${C[2xx]}" "$allowed" \
           "$(awk -v a="${C[2xx]}" -v b="$allowed" 'BEGIN { printf "%.0f%%", 100 * a / b }')" \
-          "${C[429]}" "${C[other]}" "$deg" "$fb" "$sh" "$cmds" "$(per $((c1 - c0)) "${C[requests]}" "$((1000000 / HZ))")"
+          "${C[429]}" "${C[503]}" "$((C[other] - C[503]))" "$deg" "$fb" "$sh" "$cmds" "$(per $((c1 - c0)) "${C[requests]}" "$((1000000 / HZ))")"
+        CR[$n.$m.$t]=${C[rps]} CP50[$n.$m.$t]=${C[p50_ms]} CP99[$n.$m.$t]=${C[p99_ms]}
         sleep "$CROWD_PAUSE"
       done
     done
   done
   echo "(admitted: 2xx answers; allowed: min(clients x $CROWD_PERIP, global) per 1 s window x the windows the run spans"
-  echo " (its length rounded up; answers to requests sent before the end count); other: neither 2xx nor 429 (503 sheds"
-  echo " among them); degraded: decisions fallen back to on_redis_error; fb t/e/b: fallbacks by reason timeout/error/"
-  echo " breaker_open; sheds: seckill_proxy_limiter_shed_total (n/a: the build has no such metric); cmds/c/w: every Redis"
-  echo " command (those run by scripts included) per client per 1 s window; cpu us: CPU per request of the target (proxy:"
-  echo " both instances + redis-server). nginx's leaky bucket may admit more than allowed (a burst plus the rate in the"
-  echo " same second); HAProxy's sc_http_req_rate keeps refusing a client that keeps sending above its limit)"
+  echo " (its length rounded up; answers to requests sent before the end count); 503: sheds (or an upstream the target"
+  echo " could not reach); other: neither 2xx, 429 nor 503; degraded: decisions fallen back to on_redis_error; fb t/e/b:"
+  echo " fallbacks by reason timeout/error/breaker_open; sheds: seckill_proxy_limiter_shed_total (n/a: the build has no"
+  echo " such metric); cmds/c/w: every Redis command (those run by scripts included) per client per 1 s window; cpu us:"
+  echo " CPU per request of the target (proxy: both instances + redis-server). nginx's leaky bucket may admit more than"
+  echo " allowed (a burst plus the rate in the same second); HAProxy's sc_http_req_rate keeps refusing a client that keeps"
+  echo " sending above its limit)"
   for l in "${HITLINES[@]}"; do echo "local hits $l"; done
+  # proxy x2 (and proxy(base) x2) against each other target of the same cell
+  for m in $CROWD_MODES; do
+    for n in $CROWD_SIZES; do
+      for a in proxy "proxy(base)"; do
+        [ -n "${CR[$n.$m.$a]:-}" ] || continue
+        l=""
+        for t in $CROWD_TARGETS; do
+          if [ "$t" = "$a" ] || [ -z "${CR[$n.$m.$t]:-}" ]; then continue; fi
+          case $t in proxy*) tn="$t x2" ;; *) tn=$t ;; esac
+          l+="; vs $tn $(ratio "${CR[$n.$m.$a]}" "${CR[$n.$m.$t]}")x req/s, p50 $(ratio "${CP50[$n.$m.$a]}" "${CP50[$n.$m.$t]}")x, p99 $(ratio "${CP99[$n.$m.$a]}" "${CP99[$n.$m.$t]}")x"
+        done
+        [ -n "$l" ] && echo "ratios $n $m $a x2${l}"
+      done
+    done
+  done
 fi
 echo
 echo "bench-proxy: wall time $(($(date +%s) - T0)) s"
