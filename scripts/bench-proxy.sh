@@ -616,6 +616,9 @@ if [ -z "${SKIP_CROWD:-}" ]; then
           "$n" "$m" "$label" "${C[rps]}" "${C[p50_ms]}" "${C[p99_ms]}" "${C[2xx]}" "$allowed" \
           "$(awk -v a="${C[2xx]}" -v b="$allowed" 'BEGIN { printf "%.0f%%", 100 * a / b }')" \
           "${C[429]}" "${C[503]}" "$((C[other] - C[503]))" "$deg" "$fb" "$sh" "$cmds" "$(per $((c1 - c0)) "${C[requests]}" "$((1000000 / HZ))")"
+        if [ "${C[dropped]:-0}" -gt 0 ]; then
+          echo "        ^ the connections of ${C[dropped]} clients ended before the end of the run${C[first_error]:+ (first error: ${C[first_error]})}"
+        fi
         CR[$n.$m.$t]=${C[rps]} CP50[$n.$m.$t]=${C[p50_ms]} CP99[$n.$m.$t]=${C[p99_ms]}
         sleep "$CROWD_PAUSE"
       done

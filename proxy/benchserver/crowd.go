@@ -53,6 +53,7 @@ func crowd(targets []string, n int, d time.Duration, out io.Writer) error {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var firstErr atomic.Pointer[error]
+	var dropped atomic.Int64 // clients whose connection ended before the end of the run
 	start := time.Now()
 	for _, c := range conns {
 		wg.Go(func() {
@@ -71,13 +72,18 @@ func crowd(targets []string, n int, d time.Duration, out io.Writer) error {
 				default:
 				}
 				t0 := time.Now()
-				if _, err := c.Write(req); err != nil {
-					firstErr.CompareAndSwap(nil, &err)
-					return
+				_, err := c.Write(req)
+				if err == nil {
+					err = resp.Read(br)
 				}
-				if err := resp.Read(br); err != nil {
-					if !errors.Is(err, io.EOF) {
-						firstErr.CompareAndSwap(nil, &err)
+				if err != nil {
+					select {
+					case <-stop: // the reply the deadline below cut short
+					default:
+						dropped.Add(1)
+						if !errors.Is(err, io.EOF) {
+							firstErr.CompareAndSwap(nil, &err)
+						}
 					}
 					return
 				}
@@ -107,6 +113,10 @@ func crowd(targets []string, n int, d time.Duration, out io.Writer) error {
 	wg.Wait()
 	if p := firstErr.Load(); p != nil && total.Load() == 0 {
 		return fmt.Errorf("crowd: %w", *p)
+	}
+	fmt.Fprintf(out, "dropped %d\n", dropped.Load())
+	if p := firstErr.Load(); p != nil && dropped.Load() > 0 {
+		fmt.Fprintf(out, "first_error %v\n", *p)
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	pct := func(q float64) time.Duration {
