@@ -121,7 +121,32 @@ cleanup() {
 trap cleanup EXIT
 PREFIX="benchproxy_$$_"
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+# port: a free port below the ephemeral range (an ephemeral one, free when
+# chosen, may be taken by an outgoing connection, of the crowd's thousands
+# say, before the server meant for it binds it), never one handed out before
+# in this run ($work/ports).
+port() {
+  PORTS="$work/ports" python3 - <<'PY'
+import os, random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+lo, hi = (10000, lo - 1) if lo > 12000 else (61000, 65535)
+used = set(open(os.environ["PORTS"]).read().split()) if os.path.exists(os.environ["PORTS"]) else set()
+for _ in range(1000):
+    p = random.randint(lo, hi)
+    if str(p) in used:
+        continue
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    open(os.environ["PORTS"], "a").write("%d\n" % p)
+    print(p)
+    break
+PY
+}
 wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 not up" >&2; return 1; }
 
 if [ -n "${PROXY_BIN:-}" ]; then
