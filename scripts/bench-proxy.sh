@@ -32,11 +32,12 @@
 #                    the proxy's and nginx's limits
 #    (and proxy(base) x2 with BASE_PROXY_BIN). Per cell: req/s, p50, p99,
 #    admitted (2xx) vs what the limits allow (min(clients x per-IP limit,
-#    global limit) per 1 s window, times the windows the run spans), 429s,
-#    other answers (503 sheds among them), decisions fallen back to
-#    on_redis_error, the fallbacks by reason (timeout/error/breaker_open),
-#    sheds, Redis commands per client per window, CPU per request (proxy:
-#    both instances + redis-server). A size a target cannot hold within the
+#    global limit) per 1 s window, times the windows from the first request
+#    sent to the last answer), 429s, 503s, other answers, decisions fallen
+#    back to on_redis_error, the fallbacks by reason (timeout/error/
+#    breaker_open), sheds, Redis commands per client per window, CPU per
+#    request (proxy: both instances + redis-server), then the proxy's
+#    req/s, p50 and p99 as ratios to each other target's. A size a target cannot hold within the
 #    open-file hard limit (the load generator needs one descriptor per
 #    client, nginx and HAProxy two) is skipped with a line saying so.
 #
@@ -554,7 +555,7 @@ if [ -z "${SKIP_WRK:-}" ]; then
     # limiter's path (on a loaded box redis_timeout, 20ms by default, is
     # easily outlasted; FWD_REDIS_TIMEOUT gives it room).
     if awk -v d="$d" -v t="$dt" 'BEGIN { exit !(t > 0 && d > 0.01 * t) }'; then
-      echo "WARNING: $n: $(awk -v d="$d" -v t="$dt" 'BEGIN { printf "%.0f%%", 100 * d / t }') of its decisions fell back to on_redis_error (redis_timeout ${FWD_REDIS_TIMEOUT:-(the build default)}): its CPU, Redis and req/s figures are largely the fallback's, not the limiter's"
+      echo "WARNING: $n: $(awk -v d="$d" -v t="$dt" 'BEGIN { printf "%.0f%%", 100 * d / t }') of its decisions fell back to on_redis_error (redis_timeout ${FWD_REDIS_TIMEOUT:-(the build default)}): its CPU, Redis and req/s figures are in that part the fallback's, not the limiter's"
     fi
   done
 fi
@@ -625,7 +626,10 @@ if [ -z "${SKIP_CROWD:-}" ]; then
         c1=$(cpu_ticks "${cpids[@]}")
         C=()
         while read -r k v; do C[$k]=$v; done <<<"$out"
-        windows=$(awk -v s="${C[seconds]}" 'BEGIN { w = int(s); if (w < s) w++; print w }')
+        # every decision was made between the first request sent and the last
+        # answer (the span): the limits allow their per-window figure in each
+        # 1 s window of it
+        windows=$(awk -v s="${C[span]:-${C[seconds]}}" 'BEGIN { w = int(s); if (w < s) w++; print w }')
         allowed=$(awk -v n="$n" -v p="$CROWD_PERIP" -v g="$g" -v w="$windows" 'BEGIN { a = n * p; if (g < a) a = g; printf "%.0f", a * w }')
         deg=n/a fb=n/a sh=n/a cmds=n/a
         if [ ${#px[@]} -gt 0 ]; then
@@ -649,14 +653,15 @@ if [ -z "${SKIP_CROWD:-}" ]; then
       done
     done
   done
-  echo "(admitted: 2xx answers; allowed: min(clients x $CROWD_PERIP, global) per 1 s window x the windows the run spans"
-  echo " (its length rounded up; answers to requests sent before the end count); 503: sheds (or an upstream the target"
-  echo " could not reach); other: neither 2xx, 429 nor 503; degraded: decisions fallen back to on_redis_error; fb t/e/b:"
-  echo " fallbacks by reason timeout/error/breaker_open; sheds: seckill_proxy_limiter_shed_total (n/a: the build has no"
-  echo " such metric); cmds/c/w: every Redis command (those run by scripts included) per client per 1 s window; cpu us:"
-  echo " CPU per request of the target (proxy: both instances + redis-server). nginx's leaky bucket may admit more than"
-  echo " allowed (a burst plus the rate in the same second); HAProxy's sc_http_req_rate keeps refusing a client that keeps"
-  echo " sending above its limit)"
+  echo "(admitted: 2xx answers; allowed: min(clients x $CROWD_PERIP, global) per 1 s window x the 1 s windows from the"
+  echo " first request sent to the last answer (answers to requests sent before the end count, up to 2 s late); each"
+  echo " client has one request in flight at a time: where req/s / clients is near or below $CROWD_PERIP the crowd's own"
+  echo " demand, not the limits, bounds admitted; 503: sheds (or an upstream the target could not reach); other: neither"
+  echo " 2xx, 429 nor 503; degraded: decisions fallen back to on_redis_error; fb t/e/b: fallbacks by reason timeout/error/"
+  echo " breaker_open; sheds: seckill_proxy_limiter_shed_total (n/a: the build has no such metric); cmds/c/w: every Redis"
+  echo " command (those run by scripts included) per client per 1 s window; cpu us: CPU per request of the target (proxy:"
+  echo " both instances + redis-server). nginx's leaky bucket may admit more than allowed (a burst plus the rate in the"
+  echo " same second); HAProxy's sc_http_req_rate keeps refusing a client that keeps sending above its limit)"
   for l in "${HITLINES[@]}"; do echo "local hits $l"; done
   # proxy x2 (and proxy(base) x2) against each other target of the same cell
   for m in $CROWD_MODES; do

@@ -54,6 +54,7 @@ func crowd(targets []string, n int, d time.Duration, out io.Writer) error {
 	var wg sync.WaitGroup
 	var firstErr atomic.Pointer[error]
 	var dropped atomic.Int64 // clients whose connection ended before the end of the run
+	var last atomic.Int64    // when the last answer came, since start (ns)
 	start := time.Now()
 	for _, c := range conns {
 		wg.Go(func() {
@@ -87,8 +88,14 @@ func crowd(targets []string, n int, d time.Duration, out io.Writer) error {
 					}
 					return
 				}
+				now := time.Now()
 				if len(mine) < 1000 {
-					mine = append(mine, time.Since(t0))
+					mine = append(mine, now.Sub(t0))
+				}
+				for at := int64(now.Sub(start)); ; {
+					if l := last.Load(); l >= at || last.CompareAndSwap(l, at) {
+						break
+					}
 				}
 				total.Add(1)
 				if k := resp.StatusCode() / 100; k >= 1 && k <= 5 {
@@ -114,7 +121,9 @@ func crowd(targets []string, n int, d time.Duration, out io.Writer) error {
 	if p := firstErr.Load(); p != nil && total.Load() == 0 {
 		return fmt.Errorf("crowd: %w", *p)
 	}
-	fmt.Fprintf(out, "dropped %d\n", dropped.Load())
+	// span: from the first request sent to the last answer; every decision
+	// of the run was made within it.
+	fmt.Fprintf(out, "span %.3f\ndropped %d\n", time.Duration(last.Load()).Seconds(), dropped.Load())
 	if p := firstErr.Load(); p != nil && dropped.Load() > 0 {
 		fmt.Fprintf(out, "first_error %v\n", *p)
 	}
