@@ -270,13 +270,15 @@ p = os.path.join(out, "proxy.txt")
 if os.path.exists(p):
     proxy = open(p).read().rstrip()
 # The forward path from scripts/bench-proxy.sh: the proxy's req/s over the
-# bare pass-through's, and each one's CPU per request.
+# bare pass-through's, and each one's CPU per request (the proxy's row:
+# target req/s p50 p99 non-2xx cpu redis-cpu sum cmds/req ratios).
 fwd = None
-m = re.search(r"^passthrough\s+([\d.]+)\s.*?\s([\d.]+)\s+[\d.]+x direct$", proxy, re.M)
-n = re.search(r"^proxy\s+([\d.]+)\s.*?\s([\d.n/a]+)\s+[\d.]+x nginx, ([\d.]+)x passthrough$", proxy, re.M)
+m = re.search(r"^passthrough\s+([\d.]+)\s+\S+\s+\S+\s+\S+\s+([\d.]+)\s.*\s[\d.]+x direct$", proxy, re.M)
+n = re.search(r"^proxy\s+([\d.]+)\s+\S+\s+\S+\s+\S+\s+([\d.]+)\s+(\S+)\s.*\s([\d.]+)x passthrough$", proxy, re.M)
 if m and n:
     fwd = {"passthrough_rps": float(m.group(1)), "passthrough_us": float(m.group(2)),
-           "proxy_rps": float(n.group(1)), "proxy_us": float(n.group(2)), "ratio": float(n.group(3))}
+           "proxy_rps": float(n.group(1)), "proxy_us": float(n.group(2)), "ratio": float(n.group(4)),
+           "redis_us": float(n.group(3)) if re.fullmatch(r"[\d.]+", n.group(3)) else None}
 load_line = ""
 lm = re.search(r"load average ([\d. ]+) before, ([\d. ]+) after", proxy)
 if lm:
@@ -331,7 +333,7 @@ if fwd:
     issue.append({"scenario": "forward path vs bare fasthttp pass-through",
                   "figure": "%.2f× (%.0f vs %.0f req/s)" % (fwd["ratio"], fwd["proxy_rps"], fwd["passthrough_rps"]), "aim": "≥ 0.9×",
                   "ceilings": "CPU per request %.1f µs vs %.1f µs (%.2f×)" % (fwd["proxy_us"], fwd["passthrough_us"], fwd["passthrough_us"] / fwd["proxy_us"] if fwd["proxy_us"] else 0),
-                  "cpu": ({"proxy": fwd["proxy_us"]}, load_line), "per": "request", "command": "scripts/bench-proxy.sh (make bench-proxy)", "verdict": ""})
+                  "cpu": ({"proxy": fwd["proxy_us"], "redis-server": fwd["redis_us"]}, load_line), "per": "request", "command": "scripts/bench-proxy.sh (make bench-proxy)", "verdict": ""})
 
 summary = {"scenarios": [{"name": r[0], "metric": r[1], "value": round(r[2], 2), "aim": r[3], "detail": r[4], "verdict": r[5]} for r in rows],
            "issue_table": [{k: v for k, v in x.items() if k != "cpu"} | {"cpu_us": x["cpu"][0], "cpu_per": x["per"], "load_average": x["cpu"][1]} for x in issue],

@@ -2,27 +2,29 @@
 // upstream (-mode upstream), a bare fasthttp pass-through without limits
 // (-mode passthrough), the baselines the proxy is measured against, and a
 // crowd (-mode crowd): many clients, each its own source address on
-// 127.0.0.0/8 with one keep-alive connection, which wrk cannot do.
+// 127.0.0.0/8 with one keep-alive connection, which wrk cannot do, split
+// over one or more targets (-target a,b: several proxy instances).
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
 )
 
 func main() {
-	mode := flag.String("mode", "upstream", "upstream or passthrough")
+	mode := flag.String("mode", "upstream", "upstream, passthrough or crowd")
 	listen := flag.String("listen", "127.0.0.1:0", "listen address")
-	target := flag.String("target", "", "passthrough, crowd: host:port to send to")
+	target := flag.String("target", "", "passthrough: host:port to send to; crowd: host:port[,host:port...] (client i to the i-th modulo their number)")
 	clients := flag.Int("clients", 10000, "crowd: distinct source addresses, one connection each")
 	duration := flag.Duration("duration", 5*time.Second, "crowd: how long to send")
 	flag.Parse()
 	if *mode == "crowd" {
-		if err := crowd(*target, *clients, *duration, os.Stdout); err != nil {
+		if err := crowd(strings.Split(*target, ","), *clients, *duration, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "benchserver:", err)
 			os.Exit(1)
 		}
