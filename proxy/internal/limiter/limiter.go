@@ -235,8 +235,10 @@ func (l *Limiter) decide(d *Decision, shadow bool) bool {
 	case errors.Is(err, ErrShed):
 		if !shadow {
 			d.Outcome, d.RetryAfter = Shed, time.Second
-			for _, e := range d.ents {
-				e.r.shed.inc()
+			for i, e := range d.ents {
+				if i == 0 || d.ents[i-1].r != e.r { // once per rule
+					e.r.shed.inc()
+				}
 			}
 		}
 		return false
