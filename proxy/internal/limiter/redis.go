@@ -253,7 +253,7 @@ func (s *Redis) send(batch []*op) {
 		switch {
 		case err == nil:
 			s.m.ok.Inc()
-		case isTimeout(err) && s.answeredWithin(2 * s.timeout):
+		case isTimeout(err) && s.answeredWithin(2*s.timeout):
 			s.m.fail.Inc()
 			s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
 			err = ErrShed
