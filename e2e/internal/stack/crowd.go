@@ -265,14 +265,15 @@ func (c *Crowd) Answers() map[string]int {
 
 // Unexpected lists final answers outside the contract of a sale under
 // faults: 202, 409 sold_out / limit_exceeded / insufficient_stock, 503
-// unavailable (after the retries ran out), and transport errors only when
-// allowErrors.
+// unavailable (after the retries ran out), the proxy's 503
+// limiter-overloaded (its limiter shed the decision under load; nothing was
+// forwarded), and transport errors only when allowErrors.
 func (c *Crowd) Unexpected(allowErrors bool) []string {
 	var out []string
 	for _, a := range c.Attempts {
 		for _, x := range a.Answers {
 			switch x {
-			case "202", "409 sold_out", "409 limit_exceeded", "409 insufficient_stock", "503 unavailable":
+			case "202", "409 sold_out", "409 limit_exceeded", "409 insufficient_stock", "503 unavailable", "503 limiter-overloaded":
 				continue
 			case "error":
 				if allowErrors {
