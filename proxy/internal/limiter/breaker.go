@@ -5,15 +5,15 @@ import (
 	"time"
 )
 
-// breaker keeps Redis out of the request path after consecutive failures:
-// open for a back-off (250ms doubling to 5s), then one probe at a time.
+// breaker keeps Redis out of the request path after breakerThreshold
+// failed calls in a row: open for a back-off (250 ms doubling to 5 s), then
+// one probe at a time; a good call closes it.
 type breaker struct {
-	mu        sync.Mutex
-	failures  int
-	open      bool
-	openUntil time.Time
-	backoff   time.Duration
-	probing   bool
+	mu            sync.Mutex
+	failures      int
+	open, probing bool
+	openUntil     time.Time
+	backoff       time.Duration
 }
 
 const (
@@ -24,6 +24,7 @@ const (
 
 func (b *breaker) init() { b.backoff = breakerMinBackoff }
 
+// allow reports whether a call may go to Redis now.
 func (b *breaker) allow(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -42,19 +43,17 @@ func (b *breaker) failure(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.failures++
-	if b.open {
-		b.probing = false
-		b.backoff = min(breakerMaxBackoff, b.backoff*2)
-		b.openUntil = now.Add(b.backoff)
+	opened := !b.open && b.failures >= breakerThreshold
+	switch {
+	case b.open:
+		b.probing, b.backoff = false, min(breakerMaxBackoff, b.backoff*2)
+	case opened:
+		b.open, b.backoff = true, breakerMinBackoff
+	default:
 		return false
 	}
-	if b.failures >= breakerThreshold {
-		b.open = true
-		b.backoff = breakerMinBackoff
-		b.openUntil = now.Add(b.backoff)
-		return true
-	}
-	return false
+	b.openUntil = now.Add(b.backoff)
+	return opened
 }
 
 // success records a good call; it reports whether the breaker just closed.
@@ -62,8 +61,7 @@ func (b *breaker) success() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	was := b.open
-	b.failures, b.open, b.probing = 0, false, false
-	b.backoff = breakerMinBackoff
+	b.failures, b.open, b.probing, b.backoff = 0, false, false, breakerMinBackoff
 	return was
 }
 

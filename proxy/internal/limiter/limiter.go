@@ -1,18 +1,9 @@
-// Package limiter enforces the proxy's rules with exact sliding windows.
-// docs/limiter.md states what "exact" means and why this design keeps it;
-// in short:
-//
-//   - a Store decides: every window of a request at one moment, all or
-//     nothing, one log entry per admitted hit scored with that moment
-//     (Redis for every instance, lua/ratelimit.lua; Memory for one);
-//   - the Redis store batches: the requests waiting when a call leaves ride
-//     on it, so a crowd of new clients costs a round trip per batch;
-//   - a negative cache answers a window the store reported full until its
-//     next slot frees (nothing else frees one: no leases, nothing held);
-//   - a decision never waits past its bound: one not sent within
-//     redis_timeout is shed (503, counted apart), and only a failed or
-//     timed-out call, or an open circuit breaker, hands the request to its
-//     rule's on_redis_error (counted per reason).
+// Package limiter enforces the proxy's rules with exact sliding windows:
+// a Store decides every window of a request at one moment, all or nothing
+// (Redis, batched, for every instance; Memory for one); a negative cache
+// answers windows known full; a decision that cannot be made in time is
+// shed, and only a failing Redis hands it to on_redis_error.
+// docs/limiter.md says what "exact" means and why this keeps it.
 package limiter
 
 import (
@@ -29,21 +20,16 @@ import (
 
 // Config of a Limiter.
 type Config struct {
-	// Redis, when set, holds the windows for every instance; nil: this
-	// process holds them ([proxy] limiter = "memory").
-	Redis     redis.Cmdable
-	KeyPrefix string        // [redis] key_prefix
-	Timeout   time.Duration // bound of one Redis call, and of the wait for one
-	Instance  string        // unique id of this proxy instance
-	// MaxClientStates bounds the per-client negative-cache entries each
-	// rule keeps ([proxy] max_client_states; 0: no bound).
-	MaxClientStates int
+	Redis           redis.Cmdable // the windows' store; nil: this process ([proxy] limiter = "memory")
+	KeyPrefix       string        // [redis] key_prefix
+	Timeout         time.Duration // bound of one Redis call, and of the wait for one
+	Instance        string        // unique id of this proxy instance
+	MaxClientStates int           // negative-cache entries per rule (0: no bound)
 	Metrics         *Metrics
 	Log             *slog.Logger
-	// Trace, if set, is called for every window of every request the store
-	// admitted (not on_redis_error) with the window's client key ("" for a
-	// global window) and the admission moment (µs, the store's clock).
-	// Tests check exactness with it.
+	// Trace, if set, gets every window of every request the store admitted
+	// (not on_redis_error): its client key ("" for a global window) and the
+	// admission moment (µs, the store's clock). Tests check exactness by it.
 	Trace func(policy, client string, micros int64)
 }
 
@@ -78,9 +64,6 @@ func New(c Config) *Limiter {
 	l.maxStates.Store(int64(c.MaxClientStates))
 	return l
 }
-
-// Store is where the windows live (the Redis or the memory store).
-func (l *Limiter) Store() Store { return l.store }
 
 // Live is the last known number of live proxy instances (at least 1).
 func (l *Limiter) Live() int {
@@ -223,11 +206,7 @@ func (l *Limiter) decide(d *Decision, shadow bool) bool {
 
 	d.wants, d.gots = d.wants[:0], d.gots[:0]
 	for _, e := range d.ents {
-		key := e.w.key
-		if e.w.Kind == PerIP {
-			key = e.r.keyPrefix + tagOpen + string(e.key) + e.w.key
-		}
-		d.wants = append(d.wants, Want{Key: key, Limit: e.w.Limit, Length: e.w.Length})
+		d.wants = append(d.wants, Want{Key: e.w.Key(e.key), Limit: e.w.Limit, Length: e.w.Length})
 		d.gots = append(d.gots, Got{})
 	}
 	ok, err := l.store.Take(d.wants, 1, d.gots)
@@ -303,11 +282,7 @@ func (l *Limiter) fallback(d *Decision, err error) bool {
 		case ModeClosed:
 			closed = true
 		case ModeLocal:
-			key := e.w.key
-			if e.w.Kind == PerIP {
-				key = string(e.key) + e.w.key
-			}
-			d.wants = append(d.wants, Want{Key: key, Limit: max(1, e.w.Limit/live), Length: e.w.Length})
+			d.wants = append(d.wants, Want{Key: e.w.Key(e.key), Limit: max(1, e.w.Limit/live), Length: e.w.Length})
 			d.gots = append(d.gots, Got{})
 			local = append(local, e)
 		}

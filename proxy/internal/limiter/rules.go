@@ -69,9 +69,9 @@ type Window struct {
 	// "<rule>-ip" (by address), "<rule>-key" (by header or cookie) or
 	// "<rule>-global".
 	Policy string
-	// key: the Redis key of a global window; for a per-client window the
-	// part after the client's hash tag (see Key).
-	key string
+	// pre and key: the Redis key of a global window is key; that of a
+	// per-client window pre + client + key (Key).
+	pre, key string
 	// item and prefix: see Policy.
 	item, prefix string
 
@@ -100,38 +100,18 @@ type Rule struct {
 	Mode    Mode
 	Shadow  bool
 
-	keyPrefix string // [redis] key_prefix
-
 	admitted, limited, shadowed, degraded, shed counterRef
 }
 
 // Rules is an immutable compiled rule set; a reload builds a new one.
-type Rules struct {
-	list      []*Rule
-	keyPrefix string
-}
+type Rules struct{ list []*Rule }
 
 // Len is the number of rules.
 func (rs *Rules) Len() int { return len(rs.list) }
 
-// Redis key layout (cluster-ready: every key one call touches shares one
-// hash tag, and per-client windows spread over the slots by client):
-//
-//	<prefix>{rl:<client>}:<rule>   per-client window; <client> is "a:<address>"
-//	                               or "h:"/"c:" + a hash of header/cookie name
-//	                               and value; every per-client window of one
-//	                               client key shares the tag, so one call
-//	                               checks them together
-//	<prefix>{rl:g:<rule>}          global window of a rule: its own slot
-//	<prefix>{rl}:instances         live proxy instances (heartbeat)
-const (
-	tagOpen   = "{rl:"
-	globalTag = "{rl:g:"
-)
-
 // Compile validates and compiles rules; keyPrefix is [redis] key_prefix.
 func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
-	rs := &Rules{keyPrefix: keyPrefix}
+	rs := &Rules{}
 	seen := map[string]bool{}
 	for i, cr := range rules {
 		if cr.Name == "" || seen[cr.Name] {
@@ -142,7 +122,7 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 		if err != nil {
 			return nil, fmt.Errorf("rule %s: %w", cr.Name, err)
 		}
-		r := &Rule{Name: cr.Name, match: route.New(cr.Methods, cr.PathPrefix), Mode: mode, Shadow: cr.Shadow, keyPrefix: keyPrefix}
+		r := &Rule{Name: cr.Name, match: route.New(cr.Methods, cr.PathPrefix), Mode: mode, Shadow: cr.Shadow}
 		add := func(k Kind, w *conf.Window) error {
 			if w == nil {
 				return nil
@@ -160,7 +140,7 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 				if w.Key != "" {
 					return fmt.Errorf("rule %s: a global window has no key", cr.Name)
 				}
-				win.key = keyPrefix + globalTag + cr.Name + "}"
+				win.key = keyPrefix + "{rl:g:" + cr.Name + "}"
 			default:
 				src, name, err := conf.ParseKey(w.Key)
 				if err != nil {
@@ -172,8 +152,7 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 				case conf.KeyCookie:
 					win.Source, win.Name, policy = FromCookie, []byte(name), "key"
 				}
-				win.key = "}:" + cr.Name
-				win.denied = newDenied()
+				win.pre, win.key, win.denied = keyPrefix+"{rl:", "}:"+cr.Name, newDenied()
 			}
 			win.Policy = cr.Name + "-" + policy
 			quoted := `"` + win.Policy + `"`
@@ -208,13 +187,14 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 	return rs, nil
 }
 
-// Key is the Redis key of window w for the client key (ignored for a global
-// window).
-func (rs *Rules) Key(w *Window, client []byte) string {
+// Key is the store's key of w for the client key (docs/limiter.md has the
+// layout): "<prefix>{rl:g:<rule>}" for a global window, else
+// "<prefix>{rl:<client>}:<rule>", the client's own hash tag.
+func (w *Window) Key(client []byte) string {
 	if w.Kind == Global {
 		return w.key
 	}
-	return rs.keyPrefix + tagOpen + string(client) + w.key
+	return w.pre + string(client) + w.key
 }
 
 // Match appends to dst every rule that applies to the method and path.
