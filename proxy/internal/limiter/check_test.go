@@ -93,13 +93,13 @@ func TestCrowdSharesCalls(t *testing.T) {
 type hold struct {
 	release chan struct{}
 	held    atomic.Int32
-	pass    atomic.Int32 // calls let through before holding
+	only    int32 // hold this many calls (the first ones), let the rest through; 0: all
 }
 
 func (h *hold) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *hold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.pass.Add(-1) < 0 {
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && (h.only == 0 || h.held.Load() < h.only) {
 			h.held.Add(1)
 			<-h.release
 		}
@@ -110,8 +110,8 @@ func (h *hold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 	return next
 }
 
-// The one wait the limiter keeps, forced: both flushers are stuck on calls
-// that outlast the timeout, so the decisions queued behind them wait. Each
+// The one wait the limiter keeps, forced: every flusher is stuck on a call
+// that outlasts the timeout, so the decisions queued behind them wait. Each
 // of those is shed (503, counted apart) once the timeout passed in the
 // queue, never handed to on_redis_error; the stuck calls' own decisions,
 // whose calls failed, are the fallbacks. Nothing waits past twice the
@@ -125,11 +125,12 @@ func TestQueuedDecisionShedNotFallback(t *testing.T) {
 	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(5, time.Second)})
 	const timeout = 100 * time.Millisecond
 	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: timeout, Instance: "shed", Metrics: m})
-	out := make(chan Decision, 10)
-	go func() { out <- check(l, rs, "10.2.0.1") }()
-	go func() { out <- check(l, rs, "10.2.0.2") }()
-	for h.held.Load() < flushers {
-		time.Sleep(time.Millisecond)
+	out := make(chan Decision, flushers+8)
+	for i := range flushers { // one call each: every flusher stuck
+		go func() { out <- check(l, rs, fmt.Sprint("10.2.0.", i)) }()
+		for h.held.Load() < int32(i+1) {
+			time.Sleep(time.Millisecond)
+		}
 	}
 	for i := range 8 {
 		go func() { out <- check(l, rs, fmt.Sprint("10.2.1.", i)) }()
@@ -141,7 +142,7 @@ func TestQueuedDecisionShedNotFallback(t *testing.T) {
 	released := time.Now()
 	close(h.release)
 	var shed, degraded int
-	for range 10 {
+	for range flushers + 8 {
 		d := <-out
 		switch {
 		case d.Outcome == Shed && !d.Degraded:
@@ -155,37 +156,37 @@ func TestQueuedDecisionShedNotFallback(t *testing.T) {
 	if took := time.Since(released); took > 2*timeout {
 		t.Fatalf("decisions ended %v after the release, bound %v", took, 2*timeout)
 	}
-	if shed != 8 || degraded != 2 || value(t, m.shed) != 8 || value(t, m.fallbacks) != 2 {
-		t.Fatalf("%d shed, %d fallen back (metrics %v, %v), want 8 and 2", shed, degraded, value(t, m.shed), value(t, m.fallbacks))
+	if shed != 8 || degraded != flushers || value(t, m.shed) != 8 || value(t, m.fallbacks) != flushers {
+		t.Fatalf("%d shed, %d fallen back (metrics %v, %v), want 8 and %d", shed, degraded, value(t, m.shed), value(t, m.fallbacks), flushers)
 	}
 }
 
-// A call that times out while Redis answered another just before met load,
-// not a failure: its decisions are shed (503), not handed to on_redis_error,
-// and the breaker stays closed.
-func TestCallTimeoutAfterAnswerIsShed(t *testing.T) {
+// A call that times out while Redis answered another call sent after it met
+// load, not a failure: its decisions are shed (503), not handed to
+// on_redis_error, and the breaker stays closed. Forced: the first call is
+// held past its deadline while a second one goes through.
+func TestCallTimeoutWhileRedisAnswersIsShed(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := servicetest.RedisNode(t)
-	h := &hold{release: make(chan struct{})}
-	h.pass.Store(1)
+	h := &hold{release: make(chan struct{}), only: 1}
 	rdb.AddHook(h)
 	m := NewMetrics(prometheus.NewRegistry())
 	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(5, time.Second)})
 	const timeout = 200 * time.Millisecond
 	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: timeout, Instance: "slow", Metrics: m})
-	if d := check(l, rs, "10.6.0.1"); d.Outcome != Admit || d.Degraded {
-		t.Fatalf("first decision: %+v", d)
+	held := make(chan Decision, 1)
+	go func() { held <- check(l, rs, "10.6.0.1") }()
+	for h.held.Load() < 1 {
+		time.Sleep(time.Millisecond)
 	}
-	go func() {
-		for h.held.Load() < 1 {
-			time.Sleep(time.Millisecond)
-		}
-		time.Sleep(timeout + 50*time.Millisecond) // past the call's deadline
-		close(h.release)
-	}()
-	d := check(l, rs, "10.6.0.2")
+	if d := check(l, rs, "10.6.0.2"); d.Outcome != Admit || d.Degraded {
+		t.Fatalf("the call beside the held one: %+v", d)
+	}
+	time.Sleep(timeout + 50*time.Millisecond) // past the held call's deadline
+	close(h.release)
+	d := <-held
 	if d.Outcome != Shed || d.Degraded || value(t, m.fallbacks) != 0 || value(t, m.shed.WithLabelValues("call_timeout")) != 1 || l.Degraded() {
-		t.Fatalf("timed-out call after an answer: %+v, %v fallbacks, %v shed", d, value(t, m.fallbacks), value(t, m.shed))
+		t.Fatalf("timed-out call while Redis answered: %+v, %v fallbacks, %v shed", d, value(t, m.fallbacks), value(t, m.shed))
 	}
 }
 

@@ -25,10 +25,10 @@ import (
 //
 // Bounds: a decision that waited the timeout in the queue is shed (ErrShed:
 // overload); a call is bounded by the timeout. A call that timed out while
-// Redis answered another within the last two timeouts met load, not a
-// failure: its decisions are shed too. Any other error is a Redis failure,
-// which the breaker counts and on_redis_error answers. Take returns within
-// about twice the timeout.
+// Redis answered another call sent beside it met load (Redis is alive, this
+// host or its queue slow), not a failure: its decisions are shed too. Any
+// other error is a Redis failure, which the breaker counts and
+// on_redis_error answers. Take returns within about twice the timeout.
 type Redis struct {
 	rdb     redis.Cmdable
 	cluster bool
@@ -39,7 +39,7 @@ type Redis struct {
 	active  atomic.Int32 // flushers running
 	br      breaker
 	live    atomic.Int64
-	lastOK  atomic.Int64 // mono ns of the last call Redis answered
+	lastOK  atomic.Int64 // mono ns when Redis last answered a call
 	m       *Metrics
 	log     *slog.Logger
 	pool    sync.Pool
@@ -246,6 +246,7 @@ func (s *Redis) send(batch []*op) {
 	}
 	s.m.latency.Observe(time.Since(t0).Seconds())
 	var failed error
+	answered := false
 	for g, ops := range groups {
 		s.m.called.Add(1)
 		s.m.batch.Observe(float64(len(ops)))
@@ -253,7 +254,8 @@ func (s *Redis) send(batch []*op) {
 		switch {
 		case err == nil:
 			s.m.ok.Inc()
-		case isTimeout(err) && s.answeredWithin(2*s.timeout):
+			answered = true
+		case isTimeout(err) && s.lastOK.Load() > mono(t0):
 			s.m.fail.Inc()
 			s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
 			err = ErrShed
@@ -266,13 +268,11 @@ func (s *Redis) send(batch []*op) {
 			o.done <- struct{}{}
 		}
 	}
-	s.record(failed)
-}
-
-// answeredWithin: Redis answered a call within the last d.
-func (s *Redis) answeredWithin(d time.Duration) bool {
-	last := s.lastOK.Load()
-	return last != 0 && mono(time.Now())-last < int64(d)
+	// A call shed as load tells nothing of Redis: neither a failure for the
+	// breaker nor an answer that would make the next timeout look like load.
+	if failed != nil || answered {
+		s.record(failed)
+	}
 }
 
 // record tells the breaker how a call went (nil: Redis answered).
