@@ -2,7 +2,6 @@ package conf
 
 import (
 	"errors"
-	"net/url"
 	"strings"
 	"time"
 
@@ -112,7 +111,12 @@ func (m *MySQL) validate(p *problems) {
 
 // RabbitMQ is the [rabbitmq] section.
 type RabbitMQ struct {
-	URL string `toml:"url"`
+	// URL is one broker address or several (ParseAMQPURLs: comma-separated
+	// URLs, or one URL naming several hosts); URLs is the same as a TOML
+	// list. Clients connect to the first address that serves and move on
+	// to the next when it fails (docs/faults.md, "Broker node lost").
+	URL  string   `toml:"url"`
+	URLs []string `toml:"urls"`
 	// Prefix is put before every exchange and queue name, so that isolated stacks
 	// (tests, several demos) can share one broker.
 	Prefix          string   `toml:"prefix"`
@@ -144,14 +148,23 @@ func defaultRabbitMQ() RabbitMQ {
 }
 
 func (r *RabbitMQ) validate(p *problems) {
-	u, err := url.Parse(r.URL)
-	switch {
-	case err != nil:
+	if len(r.URLs) > 0 {
+		seen := map[string]bool{}
+		for i, u := range r.URLs {
+			us, err := ParseAMQPURLs(u)
+			if err != nil {
+				p.add(keyIndex("rabbitmq.urls", i), "%v", err)
+				continue
+			}
+			for _, u := range us {
+				if seen[u] {
+					p.add(keyIndex("rabbitmq.urls", i), "%s is listed twice", Redact(u))
+				}
+				seen[u] = true
+			}
+		}
+	} else if _, err := ParseAMQPURLs(r.URL); err != nil {
 		p.add("rabbitmq.url", "%v", err)
-	case u.Scheme != "amqp" && u.Scheme != "amqps":
-		p.add("rabbitmq.url", "scheme must be amqp or amqps, got %q", u.Scheme)
-	case u.Host == "":
-		p.add("rabbitmq.url", "must name a host, got %q", r.URL)
 	}
 	if r.Prefix == "" || strings.ContainsAny(r.Prefix, " \t\r\n") {
 		p.add("rabbitmq.prefix", "must be a non-empty name without white space, got %q", r.Prefix)
