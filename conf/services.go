@@ -125,6 +125,10 @@ type RabbitMQ struct {
 	ConfirmTimeout  Duration `toml:"confirm_timeout"`
 	ReconnectMin    Duration `toml:"reconnect_min"`
 	ReconnectMax    Duration `toml:"reconnect_max"`
+	// NackLimit is the number of consecutive nacks after which a publisher
+	// reopens its channel (and, when the new one is refused too, reconnects
+	// to the next node).
+	NackLimit int `toml:"nack_limit"`
 	// Partitions is the number of order queues; each order goes to the
 	// queue its order id hashes to (docs/scale-out.md).
 	Partitions int `toml:"partitions"`
@@ -143,6 +147,7 @@ func defaultRabbitMQ() RabbitMQ {
 		ConfirmTimeout:  D(5 * time.Second),
 		ReconnectMin:    D(100 * time.Millisecond),
 		ReconnectMax:    D(5 * time.Second),
+		NackLimit:       5,
 		Partitions:      1,
 	}
 }
@@ -172,6 +177,7 @@ func (r *RabbitMQ) validate(p *problems) {
 	checkRange(p, "rabbitmq.delivery_limit", r.DeliveryLimit, 1, 1000)
 	checkRange(p, "rabbitmq.publish_channels", r.PublishChannels, 1, 256)
 	checkRange(p, "rabbitmq.partitions", r.Partitions, 1, MaxPartitions)
+	checkRange(p, "rabbitmq.nack_limit", r.NackLimit, 1, 100000)
 	checkPositive(p, "rabbitmq.confirm_timeout", r.ConfirmTimeout)
 	checkPositive(p, "rabbitmq.reconnect_min", r.ReconnectMin)
 	checkPositive(p, "rabbitmq.reconnect_max", r.ReconnectMax)
