@@ -8,6 +8,10 @@
 #   make cluster    start a local Redis Cluster (3 masters + 3 replicas), print its URL
 #   make sentinel   start 1 master + 1 replica + 3 Sentinels, print the URL
 #   make cluster-stop / sentinel-stop   end them
+#   make rabbit-cluster       start a local 3-node RabbitMQ cluster (own node
+#                             names, ports, cookie, data; the system node on
+#                             5672 untouched), print its URL list
+#   make rabbit-cluster-stop  end it
 #   make clean      remove bin/
 #
 # Other targets (bench-proxy, demo, bench, chaos, fuzz) live in proxy/proxy.mk,
@@ -33,7 +37,8 @@ ifdef CI
 export CI
 endif
 
-.PHONY: build test vet lint services toolchain clean cluster cluster-stop sentinel sentinel-stop test-engines
+.PHONY: build test vet lint services toolchain clean cluster cluster-stop sentinel sentinel-stop test-engines \
+	rabbit-cluster rabbit-cluster-stop
 
 # Build each binary whose directory already holds a main package, so the target
 # works while some of them are still being written.
@@ -73,6 +78,13 @@ sentinel:
 	@scripts/redis-engines.sh sentinel start
 sentinel-stop:
 	@scripts/redis-engines.sh sentinel stop
+
+# Local RabbitMQ cluster (scripts/rabbit-cluster.sh): idempotent; RABBIT_DIR
+# and RABBIT_PORT choose the state directory and the first AMQP port.
+rabbit-cluster:
+	@scripts/rabbit-cluster.sh start
+rabbit-cluster-stop:
+	@scripts/rabbit-cluster.sh stop
 
 # The short form of the engine tests: the reservation scripts, the limiter,
 # the script loader and three end-to-end sales (one in 8 stock shards) on the

@@ -221,7 +221,7 @@ func (s *Stack) CreateSale(t testing.TB, id, stock, limit int64) Sale {
 
 // PartitionDepth is the number of ready messages in partition i's queue.
 func (s *Stack) PartitionDepth(t testing.TB, i int) (int, error) {
-	conn, err := amqp.Dial(s.AMQPURL)
+	conn, err := s.dialAMQP()
 	if err != nil {
 		return 0, err
 	}
@@ -241,7 +241,7 @@ func (s *Stack) PartitionDepth(t testing.TB, i int) (int, error) {
 // (unacknowledged: consumers counted by the broker; RabbitMQ's passive declare
 // reports ready messages only, so the drain also waits for Redis).
 func (s *Stack) QueueDepth(t testing.TB) (int, error) {
-	conn, err := amqp.Dial(s.AMQPURL)
+	conn, err := s.dialAMQP()
 	if err != nil {
 		return 0, err
 	}
@@ -264,7 +264,7 @@ func (s *Stack) QueueDepth(t testing.TB) (int, error) {
 // DeadLetters counts the messages in the dead-letter queue.
 func (s *Stack) DeadLetters(t testing.TB) int {
 	t.Helper()
-	conn, err := amqp.Dial(s.AMQPURL)
+	conn, err := s.dialAMQP()
 	servicetest.Must(t, err, "dial")
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -272,4 +272,14 @@ func (s *Stack) DeadLetters(t testing.TB) int {
 	q, err := ch.QueueDeclarePassive(s.Topo.DeadQueue, true, false, false, false, nil)
 	servicetest.Must(t, err, "dead-letter queue")
 	return q.Messages
+}
+
+// dialAMQP connects to the stack's broker, the first node of AMQPURL that
+// answers when it names several.
+func (s *Stack) dialAMQP() (*amqp.Connection, error) {
+	nodes, err := broker.ParseNodes(s.AMQPURL)
+	if err != nil {
+		return nil, err
+	}
+	return nodes.Dial()
 }

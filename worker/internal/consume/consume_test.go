@@ -321,7 +321,7 @@ func TestConsumeReconnectsAfterDroppedConnection(t *testing.T) {
 	s.publishOrders(orders[:40]...)
 	p := newProxy(t, mustHostPort(t, servicetest.AMQPURL()), true)
 	cfg := testConfig(s.topo)
-	cfg.URL = strings.Replace(servicetest.AMQPURL(), mustHostPort(t, servicetest.AMQPURL()), p.addr(), 1)
+	cfg.URLs = []string{strings.Replace(servicetest.AMQPURL(), mustHostPort(t, servicetest.AMQPURL()), p.addr(), 1)}
 	r := s.start(cfg, nil)
 	waitFor(t, "some orders written", func() bool { return s.countOrders() >= 10 })
 	p.set(false) // cut the connection

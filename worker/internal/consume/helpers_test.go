@@ -196,7 +196,7 @@ func (s *stack) checkSettled(activity int64, orders []ordermsg.Order) {
 
 func testConfig(topo broker.Topology) consume.Config {
 	return consume.Config{
-		URL:            servicetest.AMQPURL(),
+		URLs:           []string{servicetest.AMQPURL()},
 		Topology:       topo,
 		Consumers:      2,
 		Prefetch:       50,
