@@ -72,6 +72,9 @@ type Options struct {
 	NoStartWorkers bool
 	// AMQPURL is a broker of the test's own ("" for the shared one).
 	AMQPURL string
+	// AMQPPrefix, with AMQPURL, names the topology ("" for one from the
+	// test's name): a test that declares it first, where it wants it.
+	AMQPPrefix string
 	// RedisURL is a Redis of the test's own ("" for the shared one).
 	RedisURL string
 	// Partitions is [rabbitmq] partitions (0: the default, 1).
@@ -121,6 +124,9 @@ func New(t testing.TB, o Options) *Stack {
 		s.AMQPPrefix = brokertest.Prefix(t)
 	} else {
 		s.AMQPPrefix = servicetest.Name(t) // an own broker goes with the test
+		if o.AMQPPrefix != "" {
+			s.AMQPPrefix = o.AMQPPrefix
+		}
 	}
 	s.Topo = broker.TopologyFor(conf.RabbitMQ{Prefix: s.AMQPPrefix, DeliveryLimit: conf.Default().RabbitMQ.DeliveryLimit, Partitions: o.Partitions})
 	s.Res = reservation.New(s.Redis, s.Prefix)
