@@ -1,6 +1,7 @@
 package conf
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -50,7 +51,12 @@ func ParseAMQPURLs(raw string) ([]string, error) {
 			p, err := url.Parse(u)
 			switch {
 			case err != nil:
-				return nil, fmt.Errorf("%v", err)
+				// Not url.Error's text: it quotes the URL with its password.
+				var ue *url.Error
+				if errors.As(err, &ue) {
+					err = ue.Err
+				}
+				return nil, fmt.Errorf("%q is not a URL: %v", Redact(u), err)
 			case p.Scheme != "amqp" && p.Scheme != "amqps":
 				return nil, fmt.Errorf("scheme must be amqp or amqps, got %q in %q", p.Scheme, Redact(u))
 			case p.Host == "":
@@ -85,7 +91,10 @@ func expandHosts(g []string) ([]string, error) {
 	}
 	hosts := []string{firstHost}
 	for _, h := range g[1 : len(g)-1] {
-		if strings.ContainsAny(h, "/?@") {
+		if strings.Contains(h, "@") {
+			return nil, fmt.Errorf("credentials go before the first host only (a comma in a password is written %%2C)")
+		}
+		if strings.ContainsAny(h, "/?") {
 			return nil, fmt.Errorf("%q: a host in the middle of the list must be host:port only", h)
 		}
 		hosts = append(hosts, h)
@@ -95,7 +104,8 @@ func expandHosts(g []string) ([]string, error) {
 		lastHost, tail = last[:i], last[i:]
 	}
 	if strings.Contains(lastHost, "@") {
-		return nil, fmt.Errorf("%q: credentials go before the first host only", lastHost)
+		// Not quoted: it may hold a password cut at a comma.
+		return nil, fmt.Errorf("credentials go before the first host only (a comma in a password is written %%2C)")
 	}
 	hosts = append(hosts, lastHost)
 	out := make([]string, len(hosts))
@@ -114,7 +124,19 @@ func Redact(s string) string {
 	pieces := strings.Split(s, ",")
 	for i, piece := range pieces {
 		u, err := url.Parse(strings.TrimSpace(piece))
-		if err != nil || u.User == nil {
+		if err != nil {
+			// Unparsable: cut what may be a password (after the
+			// scheme's user name, up to the last @).
+			if _, rest, ok := strings.Cut(piece, "://"); ok {
+				if at := strings.LastIndex(rest, "@"); at >= 0 {
+					if colon := strings.Index(rest[:at], ":"); colon >= 0 {
+						pieces[i] = piece[:len(piece)-len(rest)] + rest[:colon+1] + "xxxxx" + rest[at:]
+					}
+				}
+			}
+			continue
+		}
+		if u.User == nil {
 			continue
 		}
 		if _, has := u.User.Password(); has {

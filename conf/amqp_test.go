@@ -42,7 +42,10 @@ func TestParseAMQPURLsRejects(t *testing.T) {
 		{"http://h1:1/", "scheme must be amqp or amqps"},
 		{"amqp://h1:1/,amqp://h1:1/", "amqp://h1:1/ is listed twice"},
 		{"amqp://u:secret@h1:1,h1:1/", "listed twice"},
+		{"amqp://u:sec,ret@h1:1/", "a comma in a password is written %2C"},
+		{"amqp://u:sec,ret@h1:1,h2:2/", "a comma in a password is written %2C"},
 		{"amqp:///vh", "must name a host"},
+		{"amqp://u:secret@h:x/", "invalid port"},
 	}
 	for _, tc := range cases {
 		_, err := ParseAMQPURLs(tc.in)
@@ -94,4 +97,35 @@ func TestRabbitMQAddressKeys(t *testing.T) {
 			t.Errorf("%q: error %v, want %q", doc, err, want)
 		}
 	}
+}
+
+// FuzzParseAMQPURLs: any input is parsed or refused without a panic; what is
+// accepted is a list of distinct amqp(s) URLs with a host each, and that
+// list written back comma-separated parses to itself (SECKILL_AMQP_URL for
+// child processes: RabbitMQ.AMQPURL).
+func FuzzParseAMQPURLs(f *testing.F) {
+	for _, s := range []string{
+		"amqp://guest:guest@127.0.0.1:5672/",
+		"amqp://u:p@h1:1,h2:2,h3:3/vh",
+		"amqps://u:p@h1:1/vh?heartbeat=5,amqp://h2:2/",
+		"h1:1,amqp://x/", "amqp://a@b@c:1,d:2/", ",", "amqp://h:1/%zz",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		urls, err := ParseAMQPURLs(raw)
+		if err != nil {
+			return
+		}
+		if len(urls) == 0 {
+			t.Fatalf("%q: accepted with no address", raw)
+		}
+		again, err := ParseAMQPURLs(strings.Join(urls, ","))
+		if err != nil {
+			t.Fatalf("%q: its own list %q is refused: %v", raw, urls, err)
+		}
+		if !reflect.DeepEqual(again, urls) {
+			t.Fatalf("%q: %q parses to %q", raw, urls, again)
+		}
+	})
 }

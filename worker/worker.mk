@@ -32,6 +32,7 @@ FUZZ_TARGETS := \
 	./proxy/internal/edge:FuzzPlainPath \
 	./conf:FuzzParse \
 	./conf:FuzzParseRedisURL \
+	./conf:FuzzParseAMQPURLs \
 	./conf:FuzzParseKey \
 	./internal/ordermsg:FuzzDecode \
 	./internal/ordermsg:FuzzDecodeMessage \
