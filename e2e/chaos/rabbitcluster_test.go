@@ -15,6 +15,7 @@ import (
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/e2e/internal/stack"
 	"github.com/seckill/seckill/internal/broker"
+	"github.com/seckill/seckill/internal/faultnet"
 	"github.com/seckill/seckill/internal/servicetest"
 )
 
@@ -109,6 +110,9 @@ func brokerNode(t *testing.T, s *stack.Stack, p *stack.Proc) string {
 //     another order, so that they sit on a surviving node during the
 //     election (as behind a TCP load balancer): nothing breaks their
 //     connection, the broker refuses or delays what they send meanwhile;
+//   - the same with every process given one address, a TCP balancer that
+//     sends new connections to a survivor from the moment of the kill,
+//     before the election (the clients reconnect at once);
 //   - a node that leads nothing, then started again: it rejoins, and
 //     nothing changes for the buyers beyond the clients it served moving.
 //
@@ -131,22 +135,34 @@ func TestRabbitClusterNodeLoss(t *testing.T) {
 		leader    bool // kill the order queue's leader, else another node
 		restart   bool // start the node again mid-sale
 		survivors bool // backend and worker 0 on node 2 first
+		lb        bool // every process through one TCP balancer address
 	}{
-		{"queue leader", true, false, false},
-		{"queue leader, clients on a survivor", true, false, true},
-		{"non-leader, restarted", false, true, false},
+		{"queue leader", true, false, false, false},
+		{"queue leader, clients on a survivor", true, false, true, false},
+		{"queue leader, behind a TCP load balancer", true, false, false, true},
+		{"non-leader, restarted", false, true, false, false},
 	} {
-		if short && (!tc.leader || tc.survivors) {
+		if short && (!tc.leader || tc.survivors || tc.lb) {
 			continue
 		}
 		t.Run(tc.name, func(t *testing.T) {
-			rabbitNodeLoss(t, rc, tc.leader, tc.restart, tc.survivors)
+			rabbitNodeLoss(t, rc, tc.leader, tc.restart, tc.survivors, tc.lb)
 		})
 	}
 }
 
-func rabbitNodeLoss(t *testing.T, rc *servicetest.RabbitCluster, leader, restart, survivors bool) {
+func rabbitNodeLoss(t *testing.T, rc *servicetest.RabbitCluster, leader, restart, survivors, lb bool) {
 	o := stack.Options{Backends: 1, Workers: 2, AMQPURL: rc.URL, Config: stack.Fast("")}
+	var balancer *faultnet.Proxy
+	if lb {
+		// One address, as a TCP load balancer gives: node 1 until the
+		// test moves it (the queues are declared through it, so node 1
+		// leads them).
+		p, err := faultnet.Listen("127.0.0.1:0", rc.Addr(1))
+		servicetest.Must(t, err, "balancer")
+		t.Cleanup(func() { _ = p.Close() })
+		balancer, o.AMQPURL = p, "amqp://guest:guest@"+p.Addr()+"/"
+	}
 	if survivors {
 		// The test declares the queues through node 1, so that node 1
 		// leads them (RabbitMQ's default, client-local); the backend and
@@ -176,6 +192,11 @@ func rabbitNodeLoss(t *testing.T, rc *servicetest.RabbitCluster, leader, restart
 	var elected time.Duration
 	during(t, s, c, func() {
 		midSale(c, 0.2, 0.35)
+		if balancer != nil {
+			// The balancer sends the reconnects to a survivor at once,
+			// before the election (the nack storm).
+			balancer.SetTarget(rc.Addr(victim%3 + 1))
+		}
 		w.start()
 		rc.Kill(t, victim)
 		if leader {
@@ -220,7 +241,12 @@ func rabbitNodeLoss(t *testing.T, rc *servicetest.RabbitCluster, leader, restart
 		}
 	}
 	kind := "a non-leader node, restarted"
-	if leader {
+	switch {
+	case lb:
+		kind = "the order queue's leader, clients behind a TCP balancer"
+	case survivors:
+		kind = "the order queue's leader, backend and a worker on a survivor"
+	case leader:
 		kind = "the order queue's leader"
 	}
 	s.Finish(t, fmt.Sprintf("rabbitmq 3-node cluster: kill -9 of %s (503s for %v, %d)", kind, span.Round(100*time.Millisecond), refused), sale, c)

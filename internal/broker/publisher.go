@@ -553,7 +553,8 @@ func (p *Publisher) Node() string {
 }
 
 // Status names the node in use and counts what recovery did since the
-// start, for /readyz: "node 127.0.0.1:5672, connects 1, nack recoveries 0".
+// start, for /readyz: "node 127.0.0.1:5672, connects 1, nacks 0, nack
+// recoveries 0".
 func (p *Publisher) Status() string {
 	node := p.Node()
 	if node == "" {
