@@ -300,6 +300,9 @@ func value(m prometheus.Metric) float64 {
 	if h := d.GetHistogram(); h != nil {
 		return float64(h.GetSampleCount())
 	}
+	if g := d.GetGauge(); g != nil {
+		return g.GetValue()
+	}
 	return d.GetCounter().GetValue()
 }
 
