@@ -135,7 +135,7 @@ func run(ctx context.Context, args []string) error {
 	// is reported, not gating.
 	checks := []api.Check{
 		{Name: "redis", Fn: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
-		{Name: "rabbitmq", Fn: func(context.Context) error { return pub.Ready() }},
+		{Name: "rabbitmq", Fn: func(context.Context) error { return pub.Ready() }, Detail: pub.Status},
 		{Name: "mysql", Fn: db.PingContext, Optional: true},
 		{Name: "stock events", Fn: func(context.Context) error { return soldout.Subscribed(subscribed) }},
 	}

@@ -3,6 +3,7 @@
 #   make demo            the flash-sale demo (README "make demo"): build, services,
 #                        2 workers + backend + 2 proxies, bench, verdict last
 #   make demo QUICK=1    the short form (≤ 60 s) that .ci/run runs
+#   make demo RABBIT=cluster  on the local 3-node RabbitMQ cluster (make rabbit-cluster)
 #   make bench           side-by-side performance run -> out/bench/{bench.json,bench.md}
 #   make bench-table     the same run; its first table is issue 11's (figures, ratios
 #                        to the raw ceilings of the run, CPU µs per order per process,
@@ -14,9 +15,10 @@
 
 QUICK ?=
 REDIS ?=
+RABBIT ?=
 
 demo:
-	QUICK=$(QUICK) REDIS=$(REDIS) scripts/demo.sh
+	QUICK=$(QUICK) REDIS=$(REDIS) RABBIT=$(RABBIT) scripts/demo.sh
 
 bench: build services
 	bench/bench.sh

@@ -62,7 +62,8 @@ func runCeilings(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	var out ceiling.Results
 	for _, c := range []func() (ceiling.Result, error){
 		func() (ceiling.Result, error) {
-			return ceiling.PublishConfirm(ctx, cfg.RabbitMQ.URL, cfg.RabbitMQ.Prefix+".ceiling", *each, *window)
+			return ceiling.PublishConfirm(ctx, cfg.RabbitMQ.AMQPURLs()[0], // the first node: a ceiling of one node
+				cfg.RabbitMQ.Prefix+".ceiling", *each, *window)
 		},
 		func() (ceiling.Result, error) {
 			return ceiling.Transactions(ctx, cfg.MySQL, db+"_ceiling", *each, *txConns)

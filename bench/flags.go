@@ -64,7 +64,7 @@ var configFlags = []configFlag{
 	{"mysql-dsn", "[mysql] dsn, $SECKILL_MYSQL_DSN", "verifier: MySQL DSN", func(c *conf.Config) any { return &c.MySQL.DSN }},
 	{"redis-url", "[redis] url, $SECKILL_REDIS_URL", "verifier: Redis URL", func(c *conf.Config) any { return &c.Redis.URL }},
 	{"redis-prefix", "[redis] key_prefix, $SECKILL_REDIS_PREFIX", "verifier: Redis key prefix", func(c *conf.Config) any { return &c.Redis.KeyPrefix }},
-	{"amqp-url", "[rabbitmq] url, $SECKILL_AMQP_URL", "drain: RabbitMQ URL", func(c *conf.Config) any { return &c.RabbitMQ.URL }},
+	{"amqp-url", "[rabbitmq] url, $SECKILL_AMQP_URL", "drain: RabbitMQ URL(s), several comma-separated", func(c *conf.Config) any { return &c.RabbitMQ.URL }},
 	{"amqp-prefix", "[rabbitmq] prefix, $SECKILL_AMQP_PREFIX", "drain: RabbitMQ name prefix", func(c *conf.Config) any { return &c.RabbitMQ.Prefix }},
 }
 
@@ -130,7 +130,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *cli.Flags, *options, map[stri
 	fs.StringVar(&o.jsonPath, "json", "", "write the report as JSON to this file")
 	fs.StringVar(&o.htmlPath, "html", "", "write the report as a self-contained HTML page to this file")
 	fs.StringVar(&o.beforeDrain, "before-drain", "", "shell command run after the load and before the drain wait (e.g. start or resume workers)")
-	fs.StringVar(&o.rabbitmqctl, "rabbitmqctl", "auto", "rabbitmqctl used to read unacknowledged messages; \"\" to skip, auto: from PATH")
+	fs.StringVar(&o.rabbitmqctl, "rabbitmqctl", "auto", "rabbitmqctl used to read unacknowledged messages; \"\" to skip, auto: from PATH (skipped when [rabbitmq] url names several nodes)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress output")
 	fs.Func("cpu", "account CPU per process over the scenario: name=pid[+pid...],... (e.g. proxy=12,worker=14+15)", func(s string) error {
 		g, err := proccpu.ParseGroups(s)
@@ -219,6 +219,13 @@ func resolveOptions(o *options, cfg conf.Config, tokenSet bool) error {
 	}
 	if o.rabbitmqctl == "auto" {
 		o.rabbitmqctl = ""
+		// rabbitmqctl asks the local default node: the broker of a
+		// one-address [rabbitmq] url at most. Several addresses are a
+		// cluster of other nodes (their names and cookie unknown here):
+		// the drain then relies on the queue depth and MySQL alone.
+		if len(cfg.RabbitMQ.AMQPURLs()) > 1 {
+			return nil
+		}
 		if p, err := exec.LookPath("rabbitmqctl"); err == nil {
 			o.rabbitmqctl = p
 		}

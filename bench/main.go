@@ -17,12 +17,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/bench/internal/load"
@@ -95,8 +93,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("activity %d already has %d orders in MySQL: pick a fresh -activity (0 picks one)", b.ActivityID, n)
 	}
 	topo := broker.TopologyFor(cfg.RabbitMQ)
-	if c, err := amqp.Dial(cfg.RabbitMQ.URL); err != nil {
-		return fmt.Errorf("rabbitmq %s: %w", redactURL(cfg.RabbitMQ.URL), err)
+	if nodes, err := broker.NodesFor(cfg.RabbitMQ); err != nil {
+		return err
+	} else if c, err := nodes.Dial(); err != nil {
+		return fmt.Errorf("rabbitmq %s: %w", conf.Redact(cfg.RabbitMQ.AMQPURL()), err)
 	} else {
 		_ = c.Close()
 	}
@@ -165,7 +165,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	snap := rec.Snapshot()
-	drainer := &verify.Drainer{DB: db, Redis: rdb, Prefix: cfg.Redis.KeyPrefix, AMQPURL: cfg.RabbitMQ.URL,
+	drainer := &verify.Drainer{DB: db, Redis: rdb, Prefix: cfg.Redis.KeyPrefix, AMQPURL: cfg.RabbitMQ.AMQPURL(),
 		Queue: topo.Queue, Partitions: topo.OrderQueues()[1:], DeadQueue: topo.DeadQueue, Rabbitmqctl: o.rabbitmqctl, Accepted: acceptedIDs(snap.Accepted)}
 	dprog := newProgress(stderr, o.quiet, nil, tl)
 	// CPU is counted until the drain was first seen complete (the start of
@@ -304,13 +304,4 @@ func existingOrders(ctx context.Context, db *sql.DB, id int64) (int64, error) {
 		return 0, fmt.Errorf("mysql: %w", err)
 	}
 	return n, nil
-}
-
-func redactURL(u string) string {
-	if i := strings.Index(u, "@"); i > 0 {
-		if j := strings.Index(u, "://"); j > 0 && j < i {
-			return u[:j+3] + "…" + u[i:]
-		}
-	}
-	return u
 }

@@ -89,6 +89,9 @@ func Parse(doc string, env func(string) string) (Config, error) {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
 	var p problems
+	if md.IsDefined("rabbitmq", "url") && md.IsDefined("rabbitmq", "urls") {
+		p.add("rabbitmq.urls", "is the same setting as rabbitmq.url (a list); set one")
+	}
 	if und := md.Undecoded(); len(und) > 0 {
 		keys := make([]string, 0, len(und))
 		for _, k := range und {
@@ -170,7 +173,10 @@ func (c *Config) applyEnv(env func(string) string, p *problems) {
 	set(EnvRedisURL, &c.Redis.URL)
 	set(EnvRedisKeyPrefix, &c.Redis.KeyPrefix)
 	set(EnvMySQLDSN, &c.MySQL.DSN)
-	set(EnvAMQPURL, &c.RabbitMQ.URL)
+	if v := env(EnvAMQPURL); v != "" {
+		// The variable replaces the file's address list as a whole.
+		c.RabbitMQ.URL, c.RabbitMQ.URLs = v, nil
+	}
 	set(EnvAMQPQueuePrefix, &c.RabbitMQ.Prefix)
 	// Either variable replaces the file's token source as a whole.
 	switch tok, file := env(EnvAdminToken), env(EnvAdminTokenFile); {

@@ -24,7 +24,7 @@ func TestShippedFileLoadsAndMatchesDefaults(t *testing.T) {
 	}
 	cfg.Worker.Partitions, def.Worker.Partitions = nil, nil
 	// The file documents the defaults: every scalar it sets equals them.
-	if cfg.Redis != def.Redis || cfg.MySQL != def.MySQL || cfg.RabbitMQ != def.RabbitMQ || !reflect.DeepEqual(cfg.Worker, def.Worker) {
+	if cfg.Redis != def.Redis || cfg.MySQL != def.MySQL || !reflect.DeepEqual(cfg.RabbitMQ, def.RabbitMQ) || !reflect.DeepEqual(cfg.Worker, def.Worker) {
 		t.Errorf("shipped file and defaults disagree:\nfile %+v %+v %+v %+v\ndefault %+v %+v %+v %+v",
 			cfg.Redis, cfg.MySQL, cfg.RabbitMQ, cfg.Worker, def.Redis, def.MySQL, def.RabbitMQ, def.Worker)
 	}

@@ -2,7 +2,6 @@ package conf
 
 import (
 	"errors"
-	"net/url"
 	"strings"
 	"time"
 
@@ -112,7 +111,12 @@ func (m *MySQL) validate(p *problems) {
 
 // RabbitMQ is the [rabbitmq] section.
 type RabbitMQ struct {
-	URL string `toml:"url"`
+	// URL is one broker address or several (ParseAMQPURLs: comma-separated
+	// URLs, or one URL naming several hosts); URLs is the same as a TOML
+	// list. Clients connect to the first address that serves and move on
+	// to the next when it fails (docs/faults.md, "Broker node lost").
+	URL  string   `toml:"url"`
+	URLs []string `toml:"urls"`
 	// Prefix is put before every exchange and queue name, so that isolated stacks
 	// (tests, several demos) can share one broker.
 	Prefix          string   `toml:"prefix"`
@@ -121,6 +125,10 @@ type RabbitMQ struct {
 	ConfirmTimeout  Duration `toml:"confirm_timeout"`
 	ReconnectMin    Duration `toml:"reconnect_min"`
 	ReconnectMax    Duration `toml:"reconnect_max"`
+	// NackLimit is the number of consecutive nacks after which a publisher
+	// reopens its channel (and, when the new one is refused too, reconnects
+	// to the next node).
+	NackLimit int `toml:"nack_limit"`
 	// Partitions is the number of order queues; each order goes to the
 	// queue its order id hashes to (docs/scale-out.md).
 	Partitions int `toml:"partitions"`
@@ -139,19 +147,29 @@ func defaultRabbitMQ() RabbitMQ {
 		ConfirmTimeout:  D(5 * time.Second),
 		ReconnectMin:    D(100 * time.Millisecond),
 		ReconnectMax:    D(5 * time.Second),
+		NackLimit:       5,
 		Partitions:      1,
 	}
 }
 
 func (r *RabbitMQ) validate(p *problems) {
-	u, err := url.Parse(r.URL)
-	switch {
-	case err != nil:
+	if len(r.URLs) > 0 {
+		seen := map[string]bool{}
+		for i, u := range r.URLs {
+			us, err := ParseAMQPURLs(u)
+			if err != nil {
+				p.add(keyIndex("rabbitmq.urls", i), "%v", err)
+				continue
+			}
+			for _, u := range us {
+				if seen[u] {
+					p.add(keyIndex("rabbitmq.urls", i), "%s is listed twice", Redact(u))
+				}
+				seen[u] = true
+			}
+		}
+	} else if _, err := ParseAMQPURLs(r.URL); err != nil {
 		p.add("rabbitmq.url", "%v", err)
-	case u.Scheme != "amqp" && u.Scheme != "amqps":
-		p.add("rabbitmq.url", "scheme must be amqp or amqps, got %q", u.Scheme)
-	case u.Host == "":
-		p.add("rabbitmq.url", "must name a host, got %q", r.URL)
 	}
 	if r.Prefix == "" || strings.ContainsAny(r.Prefix, " \t\r\n") {
 		p.add("rabbitmq.prefix", "must be a non-empty name without white space, got %q", r.Prefix)
@@ -159,6 +177,7 @@ func (r *RabbitMQ) validate(p *problems) {
 	checkRange(p, "rabbitmq.delivery_limit", r.DeliveryLimit, 1, 1000)
 	checkRange(p, "rabbitmq.publish_channels", r.PublishChannels, 1, 256)
 	checkRange(p, "rabbitmq.partitions", r.Partitions, 1, MaxPartitions)
+	checkRange(p, "rabbitmq.nack_limit", r.NackLimit, 1, 100000)
 	checkPositive(p, "rabbitmq.confirm_timeout", r.ConfirmTimeout)
 	checkPositive(p, "rabbitmq.reconnect_min", r.ReconnectMin)
 	checkPositive(p, "rabbitmq.reconnect_max", r.ReconnectMax)

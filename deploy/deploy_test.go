@@ -93,6 +93,7 @@ func TestAlertRulesCoverTheKit(t *testing.T) {
 		"SeckillSweeperBacklog":        "seckill_reservations_overdue",
 		"SeckillQueueBacklog":          "seckill_queue_messages_ready",
 		"SeckillPublisherDisconnected": "seckill_backend_publish_connected",
+		"SeckillBrokerNackStorm":       "seckill_backend_publish_nack_recoveries_total",
 	} {
 		if !strings.Contains(exprs[alert], metric) {
 			t.Errorf("alert %s missing or not on %s: %q", alert, metric, exprs[alert])

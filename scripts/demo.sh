@@ -13,6 +13,9 @@
 #                        REDIS=sentinel on the local Sentinel set, both with
 #                        2 order-queue partitions and the sale's stock in 4
 #                        shards (SECKILL_STOCK_SHARDS)
+#   make demo RABBIT=cluster  the same on the local 3-node RabbitMQ cluster
+#                        (make rabbit-cluster), every process given all three
+#                        addresses; combines with REDIS=
 #
 # Environment: QUICK=1, DEMO_OUT (default out/demo), STACK_KEEP=1 (keep the
 # database, keys and queues), DEMO_NO_BUILD=1 (skip make build / services),
@@ -79,6 +82,15 @@ cluster | sentinel)
 	stack_log "Redis: $SECKILL_REDIS_URL; order queues: $SECKILL_AMQP_PARTITIONS partitions; stock shards: $SECKILL_STOCK_SHARDS"
 	;;
 *) echo "demo: REDIS must be cluster or sentinel, got \"$REDIS\"" >&2; exit 2 ;;
+esac
+case ${RABBIT:-} in
+"") ;;
+cluster)
+	SECKILL_AMQP_URL=$(scripts/rabbit-cluster.sh start | tail -1) || { echo "demo: the local RabbitMQ cluster did not start" >&2; exit 2; }
+	export SECKILL_AMQP_URL
+	stack_log "RabbitMQ: $SECKILL_AMQP_URL (3 nodes, quorum queues)"
+	;;
+*) echo "demo: RABBIT must be cluster, got \"$RABBIT\"" >&2; exit 2 ;;
 esac
 
 stack_init

@@ -171,7 +171,7 @@ func fleet(ctx context.Context, cfg conf.Config, log *slog.Logger) error {
 	m := workermetrics.New(reg)
 	sales := reservation.New(rdb, cfg.Redis.KeyPrefix)
 	topo := broker.TopologyFor(cfg.RabbitMQ)
-	queues := backlog.New(rdb, sales, cfg.RabbitMQ.URL, topo.QueueNames(), 2*time.Second)
+	queues := backlog.New(rdb, sales, cfg.RabbitMQ.AMQPURL(), topo.QueueNames(), 2*time.Second)
 	defer queues.Close()
 	reg.MustRegister(queues)
 	endRecovery := func(ctx context.Context, id int64, token string) (bool, error) {
@@ -298,7 +298,12 @@ func admin(rdb redis.UniversalClient, db *sql.DB, c *consume.Consumer, metricsHa
 			if !ok {
 				status, word = fasthttp.StatusServiceUnavailable, "unavailable"
 			}
-			writeJSON(ctx, status, map[string]any{"status": word, "checks": checks})
+			node := c.Node()
+			if node == "" {
+				node = "none"
+			}
+			writeJSON(ctx, status, map[string]any{"status": word, "checks": checks,
+				"details": map[string]string{"rabbitmq": "node " + node}})
 		case "/metrics":
 			metricsHandler(ctx)
 		default:

@@ -12,6 +12,8 @@
 #                           oversold | duplicates | lost | verdict
 #                           The suite includes the Redis Cluster master and
 #                           Sentinel failovers (e2e/chaos/engines_test.go),
+#                           a RabbitMQ cluster node killed mid-sale (its own
+#                           3 nodes, e2e/chaos/rabbitcluster_test.go),
 #                           then the full form of the engine tests: the
 #                           reservation, limiter, backend, worker, proxy and e2e
 #                           packages on the local cluster (make cluster)
@@ -32,6 +34,7 @@ FUZZ_TARGETS := \
 	./proxy/internal/edge:FuzzPlainPath \
 	./conf:FuzzParse \
 	./conf:FuzzParseRedisURL \
+	./conf:FuzzParseAMQPURLs \
 	./conf:FuzzParseKey \
 	./internal/ordermsg:FuzzDecode \
 	./internal/ordermsg:FuzzDecodeMessage \

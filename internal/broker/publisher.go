@@ -66,7 +66,10 @@ const staleDrainInterval = 100 * time.Millisecond
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
-	URL      string
+	// URLs are the broker nodes, one URL each (conf.RabbitMQ.AMQPURLs): the
+	// publisher connects to the first that serves and, after a connection
+	// loss or a nack storm, to the next (Nodes).
+	URLs     []string
 	Topology Topology
 	// Channels is the number of confirm-mode channels publishes are spread over.
 	Channels int
@@ -75,6 +78,11 @@ type PublisherConfig struct {
 	// ReconnectMin and ReconnectMax bound the exponential back-off between
 	// connection attempts.
 	ReconnectMin, ReconnectMax time.Duration
+	// NackLimit is the number of consecutive nacks on one channel after
+	// which the channel is reopened; a channel reopened so that reaches it
+	// again before its first ack makes the publisher reconnect, to the next
+	// node (0: DefaultNackLimit). See Publisher.
+	NackLimit int
 	// Name shows in the broker's connection list.
 	Name string
 	// Dial replaces the TCP dialer (tests use it to cut connections); nil: default.
@@ -84,12 +92,13 @@ type PublisherConfig struct {
 // PublisherConfigFrom derives a PublisherConfig from the [rabbitmq] section.
 func PublisherConfigFrom(c conf.RabbitMQ, name string) PublisherConfig {
 	return PublisherConfig{
-		URL:            c.URL,
+		URLs:           c.AMQPURLs(),
 		Topology:       TopologyFor(c),
 		Channels:       c.PublishChannels,
 		ConfirmTimeout: c.ConfirmTimeout.Duration,
 		ReconnectMin:   c.ReconnectMin.Duration,
 		ReconnectMax:   c.ReconnectMax.Duration,
+		NackLimit:      c.NackLimit,
 		Name:           name,
 	}
 }
@@ -106,6 +115,8 @@ type PublisherMetrics struct {
 	timedOut   prometheus.Counter
 	lost       prometheus.Counter
 	notConn    prometheus.Counter
+	node       *prometheus.GaugeVec
+	recoveries *prometheus.CounterVec
 }
 
 // NewPublisherMetrics registers the publisher's metrics on reg under namespace.
@@ -134,8 +145,22 @@ func NewPublisherMetrics(reg prometheus.Registerer, namespace string) *Publisher
 	m.timedOut = m.outcomes.WithLabelValues("timeout")
 	m.lost = m.outcomes.WithLabelValues("connection_lost")
 	m.notConn = m.outcomes.WithLabelValues("unavailable")
-	reg.MustRegister(m.outcomes, m.latency, m.reconnects, m.connected)
+	m.node = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "publish", Name: "node",
+		Help: "1 for the broker node (host:port of [rabbitmq] url) the publisher is connected to, 0 for the ones it left.",
+	}, []string{"node"})
+	m.recoveries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Subsystem: "publish", Name: "nack_recoveries_total",
+		Help: "Recoveries from consecutive nacks: channel (a channel reopened), connection (reconnected to the next node).",
+	}, []string{"action"})
+	reg.MustRegister(m.outcomes, m.latency, m.reconnects, m.connected, m.node, m.recoveries)
 	return m
+}
+
+func (m *PublisherMetrics) recovered(action string) {
+	if m != nil {
+		m.recoveries.WithLabelValues(action).Inc()
+	}
 }
 
 func (m *PublisherMetrics) outcome(err error, d time.Duration) {
@@ -177,13 +202,33 @@ func (m *PublisherMetrics) outcome(err error, d time.Duration) {
 //   - basic.return listeners are closed with the channel; a fresh channel gets
 //     a fresh buffer and pending map, so returns of the old one cannot be
 //     matched against publishes of the new one.
+//
+// Nodes and nack storms: the publisher connects to the first of
+// cfg.URLs that serves (dial, declare, channels: Nodes.Connect) and, after
+// a lost connection, to the next one first. A node may also keep its
+// connection and refuse every publish (a quorum queue without a leader,
+// a connection a load balancer moved to a node before the election: the
+// broker nacks; nothing reopens a channel it does not close). After
+// NackLimit consecutive nacks on a channel the publisher opens a new
+// channel in its place (new publishes go there) and closes the old one;
+// when the new channel reaches NackLimit before its first ack, the
+// connection is the trouble and the publisher reconnects, to the next node.
+// The contract is untouched: each nacked publish failed with ErrNacked (the
+// broker holds no copy: the caller releases and answers 503); a publish
+// still waiting on a channel closed this way fails with ErrConnectionLost,
+// which MayHaveArrived (the caller records its refusal first); 202 is still
+// only answered for an ack.
 type Publisher struct {
 	cfg     PublisherConfig
+	nodes   *Nodes
 	log     *slog.Logger
 	metrics *PublisherMetrics
 
 	sess atomic.Pointer[session]
 	rr   atomic.Uint64
+
+	// Counted for Status (the metrics may be nil).
+	connects, nacks, recoveries atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -203,7 +248,11 @@ const maxStalledWrites = 4096
 // session is one connection and its channels.
 type session struct {
 	conn  *amqp.Connection
+	addr  string // the node's host:port
 	chans []atomic.Pointer[pubChannel]
+	// retire receives a channel that reached NackLimit consecutive nacks
+	// (once per channel); the supervisor replaces it.
+	retire chan *pubChannel
 	// blocked is set while the broker blocks publishing (a memory or disk
 	// alarm): a publish would then hang in the socket write, beyond any
 	// timeout, so Publish refuses at once instead.
@@ -219,6 +268,13 @@ type pubChannel struct {
 	// drains under mu sees every return the broker sent before its ack.
 	mu      sync.Mutex
 	pending map[string]*inflight
+
+	// nacks counts consecutive nacks (an ack resets it); acked is set at
+	// the first ack. forNacks marks a channel opened in place of one
+	// retired for nacks.
+	nacks    atomic.Int32
+	acked    atomic.Bool
+	forNacks bool
 }
 
 type inflight struct{ returned bool }
@@ -238,7 +294,14 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig, log *slog.Logger, m 
 	if cfg.ReconnectMax < cfg.ReconnectMin {
 		cfg.ReconnectMax = cfg.ReconnectMin
 	}
-	p := &Publisher{cfg: cfg, log: log, metrics: m, done: make(chan struct{}), writes: make(chan struct{}, maxStalledWrites),
+	if cfg.NackLimit <= 0 {
+		cfg.NackLimit = DefaultNackLimit
+	}
+	nodes, err := NewNodes(cfg.URLs)
+	if err != nil {
+		return nil, err
+	}
+	p := &Publisher{cfg: cfg, nodes: nodes, log: log, metrics: m, done: make(chan struct{}), writes: make(chan struct{}, maxStalledWrites),
 		sockets: map[net.Conn]struct{}{}}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -251,21 +314,29 @@ func NewPublisher(ctx context.Context, cfg PublisherConfig, log *slog.Logger, m 
 		return nil, err
 	}
 	p.sess.Store(s)
-	m.connectedNow(true)
+	p.connects.Add(1)
+	m.connectedNow(s)
+	log.Info("amqp publisher connected", "node", s.addr)
 	go p.supervise(s)
 	return p, nil
 }
 
-func (m *PublisherMetrics) connectedNow(up bool) {
+// DefaultNackLimit is PublisherConfig.NackLimit's default.
+const DefaultNackLimit = 5
+
+// connectedNow records s as the live session (nil: none).
+func (m *PublisherMetrics) connectedNow(s *session) {
 	if m == nil {
 		return
 	}
-	if up {
-		m.reconnects.Inc()
-		m.connected.Set(1)
-	} else {
+	if s == nil {
 		m.connected.Set(0)
+		return
 	}
+	m.reconnects.Inc()
+	m.connected.Set(1)
+	m.node.Reset()
+	m.node.WithLabelValues(s.addr).Set(1)
 }
 
 func (p *Publisher) connect() (*session, error) {
@@ -282,29 +353,33 @@ func (p *Publisher) connect() (*session, error) {
 	if p.cfg.Name != "" {
 		acfg.Properties.SetClientConnectionName(p.cfg.Name)
 	}
-	conn, err := amqp.DialConfig(p.cfg.URL, acfg)
-	if err != nil {
-		return nil, fmt.Errorf("amqp dial: %w", err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("amqp channel: %w", err)
-	}
-	if err := p.cfg.Topology.Declare(ch); err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	_ = ch.Close()
-	s := &session{conn: conn, chans: make([]atomic.Pointer[pubChannel], p.cfg.Channels)}
-	for i := range s.chans {
-		pc, err := openChannel(conn)
+	var s *session
+	// A node that accepts the connection but refuses the declares or the
+	// channels cannot serve: Connect closes it and tries the next.
+	_, addr, err := p.nodes.Connect(acfg, func(conn *amqp.Connection) error {
+		ch, err := conn.Channel()
 		if err != nil {
-			_ = conn.Close()
-			return nil, err
+			return fmt.Errorf("amqp channel: %w", err)
 		}
-		s.chans[i].Store(pc)
+		if err := p.cfg.Topology.Declare(ch); err != nil {
+			return err
+		}
+		_ = ch.Close()
+		s = &session{conn: conn, chans: make([]atomic.Pointer[pubChannel], p.cfg.Channels),
+			retire: make(chan *pubChannel, 4*p.cfg.Channels)}
+		for i := range s.chans {
+			pc, err := openChannel(conn)
+			if err != nil {
+				return err
+			}
+			s.chans[i].Store(pc)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("amqp connect: %w", err)
 	}
+	s.addr = addr
 	return s, nil
 }
 
@@ -343,7 +418,7 @@ func (p *Publisher) supervise(s *session) {
 			return
 		}
 		p.sess.Store(nil)
-		p.metrics.connectedNow(false)
+		p.metrics.connectedNow(nil)
 		_ = s.conn.Close()
 		s = p.reconnect()
 		if s == nil {
@@ -354,8 +429,9 @@ func (p *Publisher) supervise(s *session) {
 			return
 		}
 		p.sess.Store(s)
-		p.metrics.connectedNow(true)
-		p.log.Info("amqp publisher reconnected")
+		p.connects.Add(1)
+		p.metrics.connectedNow(s)
+		p.log.Info("amqp publisher reconnected", "node", s.addr)
 	}
 }
 
@@ -380,11 +456,15 @@ func (p *Publisher) watch(s *session, connClosed <-chan *amqp.Error, tick <-chan
 			return false
 		case err := <-connClosed:
 			if err != nil {
-				p.log.Warn("amqp publisher connection lost", "err", err)
+				p.log.Warn("amqp publisher connection lost", "node", s.addr, "err", err)
 			} else {
-				p.log.Warn("amqp publisher connection closed")
+				p.log.Warn("amqp publisher connection closed", "node", s.addr)
 			}
 			return true
+		case pc := <-s.retire:
+			if !p.replace(s, pc) {
+				return true
+			}
 		case <-tick:
 			for i := range s.chans {
 				pc := s.chans[i].Load()
@@ -407,6 +487,45 @@ func (p *Publisher) watch(s *session, connClosed <-chan *amqp.Error, tick <-chan
 	}
 }
 
+// replace opens a channel in place of pc, which reached NackLimit
+// consecutive nacks, and closes pc. It returns false when the connection
+// should go instead: pc itself replaced one retired for nacks and was never
+// acked, or no channel can be opened.
+func (p *Publisher) replace(s *session, pc *pubChannel) bool {
+	i := 0
+	for i < len(s.chans) && s.chans[i].Load() != pc {
+		i++
+	}
+	if i == len(s.chans) {
+		return true // replaced already (the broker closed it)
+	}
+	if pc.forNacks && !pc.acked.Load() {
+		p.log.Warn("amqp publisher: a reopened channel is refused too; reconnecting to the next node",
+			"node", s.addr, "nacks", pc.nacks.Load())
+		p.recovered("connection")
+		return false
+	}
+	npc, err := openChannel(s.conn)
+	if err != nil {
+		p.log.Warn("amqp publisher cannot reopen a nacking channel; reconnecting", "node", s.addr, "err", err)
+		p.recovered("connection")
+		return false
+	}
+	npc.forNacks = true
+	s.chans[i].Store(npc)
+	p.recovered("channel")
+	p.log.Warn("amqp publisher reopened a channel the broker kept nacking", "node", s.addr, "nacks", pc.nacks.Load())
+	// Close waits for the broker's close-ok: not on the supervisor. The
+	// publishes still waiting on pc fail as ErrConnectionLost.
+	go func() { _ = pc.ch.Close() }()
+	return true
+}
+
+func (p *Publisher) recovered(action string) {
+	p.recoveries.Add(1)
+	p.metrics.recovered(action)
+}
+
 func (p *Publisher) reconnect() *session {
 	// Jittered, so that every backend does not reconnect in lockstep after a
 	// broker restart.
@@ -422,6 +541,27 @@ func (p *Publisher) reconnect() *session {
 		}
 		p.log.Warn("amqp publisher reconnect failed", "err", err, "retry_in", wait)
 	}
+}
+
+// Node is the host:port of the broker node the publisher is connected to
+// ("" while it is not).
+func (p *Publisher) Node() string {
+	if s := p.sess.Load(); s != nil {
+		return s.addr
+	}
+	return ""
+}
+
+// Status names the node in use and counts what recovery did since the
+// start, for /readyz: "node 127.0.0.1:5672, connects 1, nacks 0, nack
+// recoveries 0".
+func (p *Publisher) Status() string {
+	node := p.Node()
+	if node == "" {
+		node = "none"
+	}
+	return fmt.Sprintf("node %s, connects %d, nacks %d, nack recoveries %d",
+		node, p.connects.Load(), p.nacks.Load(), p.recoveries.Load())
 }
 
 // Ready reports whether a live connection is held.
@@ -500,7 +640,7 @@ func (p *Publisher) Close() error {
 		// The supervisor stores a session it reconnected only while ctx
 		// lives; after cancel the one here is the last.
 		if s := p.sess.Swap(nil); s != nil {
-			p.metrics.connectedNow(false)
+			p.metrics.connectedNow(nil)
 			if cerr := s.conn.Close(); cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
 				err = fmt.Errorf("close amqp connection: %w", cerr)
 			}
@@ -694,12 +834,22 @@ func (p *Publisher) publishTo(ctx context.Context, id, typ, key string, body []b
 	pc.mu.Unlock()
 	switch {
 	case returned:
+		// The broker serves; the message could not be routed.
 		return ErrReturned
 	case acked:
+		pc.nacks.Store(0)
+		pc.acked.Store(true)
 		return nil
 	case pc.ch.IsClosed():
 		// A closing channel nacks every outstanding confirmation.
 		return ErrConnectionLost
+	}
+	p.nacks.Add(1)
+	if pc.nacks.Add(1) == int32(p.cfg.NackLimit) {
+		select {
+		case s.retire <- pc:
+		default: // the supervisor is behind by 4×Channels: it is reconnecting
+		}
 	}
 	return ErrNacked
 }
@@ -720,13 +870,15 @@ func (p *Publisher) outstanding() int {
 	return n
 }
 
-// pick returns an open channel of s, round robin.
+// pick returns an open channel of s, round robin. A channel that reached
+// NackLimit is skipped: it is being replaced, and a publish sent there would
+// only be nacked (when no other is left, the publish fails unwritten).
 func (p *Publisher) pick(s *session) *pubChannel {
 	n := uint64(len(s.chans))
 	start := p.rr.Add(1)
 	for i := uint64(0); i < n; i++ {
 		pc := s.chans[(start+i)%n].Load()
-		if !pc.ch.IsClosed() {
+		if !pc.ch.IsClosed() && pc.nacks.Load() < int32(p.cfg.NackLimit) {
 			return pc
 		}
 	}

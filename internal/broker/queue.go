@@ -12,18 +12,28 @@ var ErrNoQueue = errors.New("queue does not exist")
 
 // QueueProbe reads queue depths with passive declares over a connection of
 // its own, dialed when first needed and again after a failure (a failed
-// declare closes its channel). Not safe for concurrent use.
+// declare closes its channel), to the next broker node when URL names
+// several. Not safe for concurrent use.
 type QueueProbe struct {
-	URL  string
-	conn *amqp.Connection
-	ch   *amqp.Channel
+	// URL is [rabbitmq] url: one broker URL or several (conf.ParseAMQPURLs).
+	URL   string
+	nodes *Nodes
+	conn  *amqp.Connection
+	ch    *amqp.Channel
 }
 
 // Ready is the number of messages ready for delivery in queue name (AMQP
 // cannot tell the unacknowledged ones).
 func (q *QueueProbe) Ready(name string) (int, error) {
+	if q.nodes == nil {
+		n, err := ParseNodes(q.URL)
+		if err != nil {
+			return 0, err
+		}
+		q.nodes = n
+	}
 	if q.conn == nil || q.conn.IsClosed() {
-		conn, err := amqp.Dial(q.URL)
+		conn, err := q.nodes.Dial()
 		if err != nil {
 			return 0, fmt.Errorf("connect to rabbitmq: %w", err)
 		}
@@ -43,6 +53,9 @@ func (q *QueueProbe) Ready(name string) (int, error) {
 		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
 			return 0, fmt.Errorf("%w: %s", ErrNoQueue, name)
 		}
+		// A node that cannot answer (a queue without a leader, a node
+		// paused in a partition): the next call asks the next node.
+		q.Close()
 		return 0, fmt.Errorf("inspect queue %s: %w", name, err)
 	}
 	return st.Messages, nil

@@ -80,10 +80,10 @@ type Stats struct {
 
 // Proxy forwards TCP connections to one target with faults.
 type Proxy struct {
-	ln     net.Listener
-	target string
+	ln net.Listener
 
 	mu     sync.Mutex
+	target string
 	faults Faults
 	rules  []*rule
 	conns  map[*link]struct{}
@@ -112,6 +112,15 @@ func Listen(addr, target string) (*Proxy, error) {
 
 // Addr is the proxy's listening address (host:port).
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// SetTarget sends the connections accepted from now on to target (those
+// open stay where they are), as a TCP load balancer that moved on from a
+// failed server.
+func (p *Proxy) SetTarget(target string) {
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
+}
 
 // Set replaces the random faults; the zero Faults forwards faithfully.
 func (p *Proxy) Set(f Faults) {
@@ -168,7 +177,10 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		s, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		p.mu.Lock()
+		target := p.target
+		p.mu.Unlock()
+		s, err := net.DialTimeout("tcp", target, 5*time.Second)
 		if err != nil {
 			_ = c.Close()
 			continue

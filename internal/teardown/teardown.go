@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/internal/redisnodes"
@@ -100,7 +99,11 @@ func removeRedis(ctx context.Context, c conf.Redis) (int, error) {
 }
 
 func removeBroker(c conf.RabbitMQ) (queues, exchanges []string, err error) {
-	conn, err := amqp.Dial(c.URL)
+	nodes, err := broker.NodesFor(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := nodes.Dial()
 	if err != nil {
 		return nil, nil, fmt.Errorf("rabbitmq: %w", err)
 	}

@@ -61,6 +61,9 @@ type Check struct {
 	Name     string
 	Fn       func(ctx context.Context) error
 	Optional bool
+	// Detail, when set, says which instance of the dependency is in use
+	// (the broker node), in /readyz's "details".
+	Detail func() string
 }
 
 // Config of the HTTP edge.
@@ -366,9 +369,12 @@ func (a *API) healthz(ctx *fasthttp.RequestCtx) {
 }
 
 func (a *API) readyz(ctx *fasthttp.RequestCtx) {
-	status := map[string]string{}
+	status, details := map[string]string{}, map[string]string{}
 	ok := true
 	for _, c := range a.checks {
+		if c.Detail != nil {
+			details[c.Name] = c.Detail()
+		}
 		cctx, cancel := context.WithTimeout(a.base, a.cfg.CheckTimeout)
 		err := c.Fn(cctx)
 		cancel()
@@ -382,11 +388,11 @@ func (a *API) readyz(ctx *fasthttp.RequestCtx) {
 	if !ok {
 		ctx.Response.Header.Set("Retry-After", a.retryAfter)
 		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{
-			"code": CodeUnavailable, "message": "a dependency is not reachable", "checks": status,
+			"code": CodeUnavailable, "message": "a dependency is not reachable", "checks": status, "details": details,
 		})
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"status": "ok", "checks": status})
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"status": "ok", "checks": status, "details": details})
 }
 
 // serviceError answers one of the sale package's errors.

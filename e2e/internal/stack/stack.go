@@ -72,6 +72,9 @@ type Options struct {
 	NoStartWorkers bool
 	// AMQPURL is a broker of the test's own ("" for the shared one).
 	AMQPURL string
+	// AMQPPrefix, with AMQPURL, names the topology ("" for one from the
+	// test's name): a test that declares it first, where it wants it.
+	AMQPPrefix string
 	// RedisURL is a Redis of the test's own ("" for the shared one).
 	RedisURL string
 	// Partitions is [rabbitmq] partitions (0: the default, 1).
@@ -121,6 +124,9 @@ func New(t testing.TB, o Options) *Stack {
 		s.AMQPPrefix = brokertest.Prefix(t)
 	} else {
 		s.AMQPPrefix = servicetest.Name(t) // an own broker goes with the test
+		if o.AMQPPrefix != "" {
+			s.AMQPPrefix = o.AMQPPrefix
+		}
 	}
 	s.Topo = broker.TopologyFor(conf.RabbitMQ{Prefix: s.AMQPPrefix, DeliveryLimit: conf.Default().RabbitMQ.DeliveryLimit, Partitions: o.Partitions})
 	s.Res = reservation.New(s.Redis, s.Prefix)
@@ -221,7 +227,7 @@ func (s *Stack) CreateSale(t testing.TB, id, stock, limit int64) Sale {
 
 // PartitionDepth is the number of ready messages in partition i's queue.
 func (s *Stack) PartitionDepth(t testing.TB, i int) (int, error) {
-	conn, err := amqp.Dial(s.AMQPURL)
+	conn, err := s.dialAMQP()
 	if err != nil {
 		return 0, err
 	}
@@ -241,7 +247,7 @@ func (s *Stack) PartitionDepth(t testing.TB, i int) (int, error) {
 // (unacknowledged: consumers counted by the broker; RabbitMQ's passive declare
 // reports ready messages only, so the drain also waits for Redis).
 func (s *Stack) QueueDepth(t testing.TB) (int, error) {
-	conn, err := amqp.Dial(s.AMQPURL)
+	conn, err := s.dialAMQP()
 	if err != nil {
 		return 0, err
 	}
@@ -264,7 +270,7 @@ func (s *Stack) QueueDepth(t testing.TB) (int, error) {
 // DeadLetters counts the messages in the dead-letter queue.
 func (s *Stack) DeadLetters(t testing.TB) int {
 	t.Helper()
-	conn, err := amqp.Dial(s.AMQPURL)
+	conn, err := s.dialAMQP()
 	servicetest.Must(t, err, "dial")
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -272,4 +278,14 @@ func (s *Stack) DeadLetters(t testing.TB) int {
 	q, err := ch.QueueDeclarePassive(s.Topo.DeadQueue, true, false, false, false, nil)
 	servicetest.Must(t, err, "dead-letter queue")
 	return q.Messages
+}
+
+// dialAMQP connects to the stack's broker, the first node of AMQPURL that
+// answers when it names several.
+func (s *Stack) dialAMQP() (*amqp.Connection, error) {
+	nodes, err := broker.ParseNodes(s.AMQPURL)
+	if err != nil {
+		return nil, err
+	}
+	return nodes.Dial()
 }

@@ -257,7 +257,7 @@ func TestConsumeMultiOrderMessageRedeliveredAfterCrashMidBatch(t *testing.T) {
 			s.publishBatch("big", orders...)
 			p := newProxy(t, mustHostPort(t, servicetest.AMQPURL()), true)
 			cfg := testConfig(s.topo)
-			cfg.URL = strings.Replace(servicetest.AMQPURL(), mustHostPort(t, servicetest.AMQPURL()), p.addr(), 1)
+			cfg.URLs = []string{strings.Replace(servicetest.AMQPURL(), mustHostPort(t, servicetest.AMQPURL()), p.addr(), 1)}
 			cfg.Consumers, cfg.BatchSize = 1, 5 // groups of 5, 5, 2
 			cfg.ShutdownGrace = 100 * time.Millisecond
 			w := &crashWriter{at: 2, entered: make(chan []store.Order, 1)}

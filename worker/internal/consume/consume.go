@@ -31,7 +31,11 @@ import (
 
 // Config bounds the consumer.
 type Config struct {
-	URL      string
+	// URLs are the broker nodes, one URL each: a session connects to the
+	// first that serves (dial, declares) and the next session begins with
+	// the node after it (broker.Nodes), so a worker whose node died or
+	// cannot serve consumes from another.
+	URLs     []string
 	Topology broker.Topology
 	// Partitions lists the order-queue partitions consumed; empty: every
 	// partition of Topology and any retired partition queue that still
@@ -88,7 +92,7 @@ const passesTTL = time.Hour
 func ConfigFrom(c conf.Config) Config {
 	host, _ := os.Hostname()
 	return Config{
-		URL:            c.RabbitMQ.URL,
+		URLs:           c.RabbitMQ.AMQPURLs(),
 		Topology:       broker.TopologyFor(c.RabbitMQ),
 		Partitions:     c.Worker.Partitions,
 		Consumers:      c.Worker.Consumers,
@@ -172,6 +176,7 @@ type Consumer struct {
 
 	mu   sync.Mutex
 	conn *amqp.Connection // the consuming session's, nil between sessions
+	node string           // its node's host:port
 }
 
 // New returns a consumer; Run starts it.
@@ -181,6 +186,17 @@ func New(cfg Config, res Reservations, w Writer, end EndRecovery, m *workermetri
 
 // ErrNotConsuming is Ready's answer between sessions.
 var ErrNotConsuming = errors.New("not connected to RabbitMQ")
+
+// Node is the host:port of the broker node consumed from ("" between
+// sessions).
+func (c *Consumer) Node() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == nil {
+		return ""
+	}
+	return c.node
+}
 
 // Ready reports whether a session is consuming.
 func (c *Consumer) Ready() error {
@@ -192,10 +208,14 @@ func (c *Consumer) Ready() error {
 	return nil
 }
 
-func (c *Consumer) setConn(conn *amqp.Connection) {
+func (c *Consumer) setConn(conn *amqp.Connection, node string) {
 	c.mu.Lock()
-	c.conn = conn
+	c.conn, c.node = conn, node
 	c.mu.Unlock()
+	c.m.Node.Reset()
+	if node != "" {
+		c.m.Node.WithLabelValues(node).Set(1)
+	}
 }
 
 // Run consumes until ctx ends, then finishes the batches in hand (writes,
@@ -211,12 +231,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
+	nodes, err := broker.NewNodes(c.cfg.URLs)
+	if err != nil {
+		return err
+	}
 	bo := backoff.New(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			c.m.Reconnects.Inc()
 		}
-		consumed, err := c.session(ctx, work)
+		consumed, err := c.session(ctx, work, nodes)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -234,23 +258,24 @@ func (c *Consumer) Run(ctx context.Context) error {
 // session runs one connection: declare, subscribe, consume until the
 // connection fails or ctx ends. consumed reports that it got as far as
 // consuming.
-func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error) {
-	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
+func (c *Consumer) session(ctx, work context.Context, nodes *broker.Nodes) (consumed bool, err error) {
+	var dl *deadLetterer
+	// The declares run on each node tried: one that refuses them cannot
+	// serve, and the next is tried.
+	conn, node, err := nodes.Connect(amqp.Config{
 		Heartbeat:  10 * time.Second,
 		Locale:     "en_US",
 		Dial:       amqp.DefaultDial(5 * time.Second),
 		Properties: amqp.Table{"connection_name": c.cfg.Name},
+	}, func(conn *amqp.Connection) (err error) {
+		dl, err = newDeadLetterer(conn, c.cfg.Topology, c.cfg.ConfirmTimeout)
+		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("dial: %w", err)
+		return false, fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close()
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-
-	dl, err := newDeadLetterer(conn, c.cfg.Topology, c.cfg.ConfirmTimeout)
-	if err != nil {
-		return false, err
-	}
 
 	// Loops collect while sess lives. proc is the context of batch
 	// processing: it survives ctx by the grace period (work) and ends as soon
@@ -267,7 +292,7 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 		}
 		wg.Wait() // each loop finishes (or abandons) its batch in hand
 		lost()
-		c.setConn(nil)
+		c.setConn(nil, "")
 		// Only now, every channel closed and its unacked deliveries back in
 		// the queue, may the members leave the registry (lua/pass.lua).
 		if len(members) > 0 {
@@ -346,8 +371,8 @@ func (c *Consumer) session(ctx, work context.Context) (consumed bool, err error)
 			ended <- struct{}{}
 		}()
 	}
-	c.setConn(conn)
-	c.log.Info("consuming", "queues", queues, "channels", channels, "prefetch", c.cfg.Prefetch,
+	c.setConn(conn, node)
+	c.log.Info("consuming", "node", node, "queues", queues, "channels", channels, "prefetch", c.cfg.Prefetch,
 		"dead_letters", c.cfg.DeadLetters)
 
 	select {

@@ -321,7 +321,7 @@ func TestConsumeReconnectsAfterDroppedConnection(t *testing.T) {
 	s.publishOrders(orders[:40]...)
 	p := newProxy(t, mustHostPort(t, servicetest.AMQPURL()), true)
 	cfg := testConfig(s.topo)
-	cfg.URL = strings.Replace(servicetest.AMQPURL(), mustHostPort(t, servicetest.AMQPURL()), p.addr(), 1)
+	cfg.URLs = []string{strings.Replace(servicetest.AMQPURL(), mustHostPort(t, servicetest.AMQPURL()), p.addr(), 1)}
 	r := s.start(cfg, nil)
 	waitFor(t, "some orders written", func() bool { return s.countOrders() >= 10 })
 	p.set(false) // cut the connection
@@ -336,6 +336,41 @@ func TestConsumeReconnectsAfterDroppedConnection(t *testing.T) {
 		t.Errorf("stock %d sold %d, want sold %d", stock, sold, len(orders))
 	}
 	s.checkSettled(8, orders)
+}
+
+// Several broker addresses: the consumer connects past a node that is down
+// (the first address) and, when its node dies mid-consumption, goes on on
+// the next one — without that node coming back.
+func TestConsumeMovesToTheNextNode(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	s.sale(9, 1000, 2)
+	var orders []ordermsg.Order
+	for _, u := range users(60) {
+		orders = append(orders, s.reserve(9, u, 1))
+	}
+	s.publishOrders(orders[:40]...)
+	broker := mustHostPort(t, servicetest.AMQPURL())
+	down, a, b := newProxy(t, broker, false), newProxy(t, broker, true), newProxy(t, broker, true)
+	at := func(p *proxy) string { return strings.Replace(servicetest.AMQPURL(), broker, p.addr(), 1) }
+	cfg := testConfig(s.topo)
+	cfg.URLs = []string{at(down), at(a), at(b)}
+	r := s.start(cfg, nil)
+	waitFor(t, "some orders written", func() bool { return s.countOrders() >= 10 })
+	if got := value(r.m.Node.WithLabelValues(a.addr())); got != 1 {
+		t.Fatalf("consuming from node %s: %v, want 1 (the first that is up)", a.addr(), got)
+	}
+	a.set(false) // its node dies, and stays down
+	waitFor(t, "a session on the next node", func() bool { return value(r.m.Node.WithLabelValues(b.addr())) == 1 })
+	s.publishOrders(orders[40:]...)
+	waitFor(t, "every order written on the next node", func() bool {
+		return s.countOrders() == len(orders) && s.depth(s.topo.Queue) == 0
+	})
+	r.shutdown(t)
+	if _, sold := s.stockSold(9); sold != int64(len(orders)) {
+		t.Errorf("sold %d, want %d", sold, len(orders))
+	}
+	s.checkSettled(9, orders)
 }
 
 // An order MySQL rejects for good (here CHECK constraints the test adds) is

@@ -196,7 +196,7 @@ func (s *stack) checkSettled(activity int64, orders []ordermsg.Order) {
 
 func testConfig(topo broker.Topology) consume.Config {
 	return consume.Config{
-		URL:            servicetest.AMQPURL(),
+		URLs:           []string{servicetest.AMQPURL()},
 		Topology:       topo,
 		Consumers:      2,
 		Prefetch:       50,
@@ -299,6 +299,9 @@ func value(m prometheus.Metric) float64 {
 	}
 	if h := d.GetHistogram(); h != nil {
 		return float64(h.GetSampleCount())
+	}
+	if g := d.GetGauge(); g != nil {
+		return g.GetValue()
 	}
 	return d.GetCounter().GetValue()
 }

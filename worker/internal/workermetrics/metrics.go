@@ -44,6 +44,7 @@ type Metrics struct {
 	Retries      *prometheus.CounterVec // cause
 	DeadLettered *prometheus.CounterVec // route
 	Reconnects   prometheus.Counter
+	Node         *prometheus.GaugeVec // node: 1 for the broker node consumed from
 }
 
 // New registers the worker's metrics on reg.
@@ -87,8 +88,12 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "seckill_worker_amqp_reconnects_total",
 			Help: "AMQP sessions started after a lost connection or failed dial.",
 		}),
+		Node: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "seckill_worker_amqp_node",
+			Help: "1 for the broker node (host:port of [rabbitmq] url) the consumer is connected to; none between sessions.",
+		}, []string{"node"}),
 	}
 	reg.MustRegister(m.Deliveries, m.Batches, m.BatchSize, m.Orders, m.TxSeconds, m.Splits,
-		m.Retries, m.DeadLettered, m.Reconnects)
+		m.Retries, m.DeadLettered, m.Reconnects, m.Node)
 	return m
 }
