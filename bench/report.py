@@ -57,11 +57,14 @@ class Build:
         self.runs = {name: load_json(os.path.join(out, name + ".json")) or {} for name, _, _, _ in SCENARIOS}
         self.memory = load_json(os.path.join(out, "memory.json")) or {}
         self.ceilings = load_json(os.path.join(out, "ceilings.json")) or []
-        self.dropped = {}
+        self.dropped, self.retried = {}, {}
         for name, _, _, _ in SCENARIOS:
             d = read_text(os.path.join(out, name + ".dropped"))
             if d:
                 self.dropped[name] = d.split()
+            r = read_text(os.path.join(out, name + ".retried"))
+            if r:
+                self.retried[name] = r
 
     def summary(self, name, key):
         return (self.runs[name].get("summary") or {}).get(key)
@@ -299,6 +302,8 @@ def main(argv):
         for name, flags in sorted(b.dropped.items()):
             notes.append("%s (%s): left out %s: the bench of %s lacks %s" % (
                 name, tag, " ".join(flags), b.label, "it" if len(flags) == 1 else "them"))
+        for name, why in sorted(b.retried.items()):
+            notes.append("%s (%s): run twice, the first could not be made: %s" % (name, tag, why))
     verdicts = []
     for tag, b in builds:
         for name, title, _, _ in SCENARIOS:
@@ -387,7 +392,7 @@ def main(argv):
             if c:
                 md.append("* %s (%s): `%s`" % (title, tag, c))
     if notes:
-        md += ["", "## Flags left out", ""] + ["* " + n for n in notes]
+        md += ["", "## Flags left out, runs made twice", ""] + ["* " + n for n in notes]
     md += ["", "## Verdicts", ""]
     for tag, b in builds:
         for name, title, _, _ in SCENARIOS:
@@ -402,7 +407,7 @@ def main(argv):
         "figures": figs,
         "aims": [{k: v for k, v in a.items()} for a in aim_rows],
         "cpu_us": [{"scenario": name, "per": unit, "builds": vals} for name, _, unit, vals in cpu_rows],
-        "flags_left_out": notes,
+        "notes": notes,
         "ceilings": {tag: b.ceilings for tag, b in builds},
         "memory": {tag: b.memory for tag, b in builds},
         "proxy_forward_path": proxy, "forward_path": fwd, "forward_path_load": load_line,
