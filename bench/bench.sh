@@ -338,7 +338,9 @@ sc_max() {
 	keys_live=$(sale_bytes "$max_id")
 	now=$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)
 	start=$(jsonget "$STACK_OUT/max.json" 'd["run"]["started_at"]')
-	curl -fsS -o /dev/null -X PUT -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' \
+	# A PUT of the same body is safe to repeat: a 503 (a service slow to
+	# answer on a loaded box) is tried again.
+	curl -fsS --retry 5 --retry-delay 1 --retry-max-time 60 -o /dev/null -X PUT -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' \
 		-d "{\"stock\":5000000,\"per_user_limit\":1,\"starts_at\":\"$start\",\"ends_at\":\"$now\"}" \
 		"$BACKEND_URL/admin/v1/activities/$max_id" || stack_die "could not end sale $max_id"
 	archived=0
