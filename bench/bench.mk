@@ -8,9 +8,11 @@
 #                        the same for this tree and for that ref's binaries (built in
 #                        a git worktree of their own), alternately on the same
 #                        services; the report sets the ratios new/base beside the
-#                        figures; about 12 minutes here (BASE's reports: out/bench/base/)
-#   make bench QUICK=1   the short form (2 s scenarios, no bench-proxy): checks the
-#                        mechanism, not the speed
+#                        figures; 8 minutes on a busy 2-core box with BASE's binaries
+#                        in the build cache, ~16 with a cold build (BASE's reports:
+#                        out/bench/base/)
+#   make bench QUICK=1   the short form (2 s scenarios, no bench-proxy; 1.5 min without
+#                        BASE): checks the mechanism, not the speed
 #   make bench-table     the same run; its first table is issue 11's (figures, ratios
 #                        to the raw ceilings of the run, CPU µs per order per process,
 #                        load average) -> out/bench/bench.md; about 5 minutes
