@@ -5,6 +5,15 @@
 #   make demo QUICK=1    the short form (≤ 60 s) that .ci/run runs
 #   make demo RABBIT=cluster  on the local 3-node RabbitMQ cluster (make rabbit-cluster)
 #   make bench           side-by-side performance run -> out/bench/{bench.json,bench.md}
+#   make bench BASE=<git ref>
+#                        the same for this tree and for that ref's binaries (built in
+#                        a git worktree of their own), alternately on the same
+#                        services; the report sets the ratios new/base beside the
+#                        figures; 8 minutes on a busy 2-core box with BASE's binaries
+#                        in the build cache, ~16 with a cold build (BASE's reports:
+#                        out/bench/base/)
+#   make bench QUICK=1   the short form (2 s scenarios, no bench-proxy; 1.5 min without
+#                        BASE): checks the mechanism, not the speed
 #   make bench-table     the same run; its first table is issue 11's (figures, ratios
 #                        to the raw ceilings of the run, CPU µs per order per process,
 #                        load average) -> out/bench/bench.md; about 5 minutes
@@ -16,12 +25,13 @@
 QUICK ?=
 REDIS ?=
 RABBIT ?=
+BASE  ?=
 
 demo:
 	QUICK=$(QUICK) REDIS=$(REDIS) RABBIT=$(RABBIT) scripts/demo.sh
 
 bench: build services
-	bench/bench.sh
+	BASE=$(BASE) QUICK=$(QUICK) bench/bench.sh
 
 # The issue-11 table: what the lead re-runs after a change of the purchase
 # path, with the same commands (bench.md lists them).
