@@ -44,9 +44,10 @@ while a <= #ARGV do
 end
 if #ops == 0 then return redis.error_reply('ERR ratelimit: no op') end
 
--- Once per key and call: drop what slid out and count. Members this call
--- writes are the newest, so the ranks read below never move.
-local count, scores, expire = {}, {}, {}
+-- Once per key and call: count what still counts (ZCOUNT; what slid out is
+-- dropped only where this call writes). Members this call writes are the
+-- newest, so the ranks read below never move.
+local count, fresh, pruned, scores, expire = {}, {}, {}, {}, {}
 local function scoreAt(k, rank)
   local key = k .. ':' .. rank
   if scores[key] == nil then
@@ -61,14 +62,18 @@ for o, op in ipairs(ops) do
   local ok = true
   for _, x in ipairs(op.w) do
     if count[x.k] == nil then
-      redis.call('ZREMRANGEBYSCORE', KEYS[x.k], '-inf', now - x.win)
-      count[x.k] = redis.call('ZCARD', KEYS[x.k])
+      count[x.k] = redis.call('ZCOUNT', KEYS[x.k], '(' .. (now - x.win), '+inf')
+      fresh[x.k] = count[x.k] == 0
     end
     if x.limit - count[x.k] < op.weight then ok = false end
   end
   out[#out + 1] = ok and 1 or 0
   for _, x in ipairs(op.w) do
     if ok then
+      if not pruned[x.k] then
+        redis.call('ZREMRANGEBYSCORE', KEYS[x.k], '-inf', now - x.win)
+        pruned[x.k] = true
+      end
       local args, p = {}, prefix .. o .. ':'
       for j = 1, op.weight do
         args[2 * j - 1], args[2 * j] = now, p .. j
@@ -84,11 +89,19 @@ for o, op in ipairs(ops) do
     if full and op.weight > x.limit then
       out[#out + 1] = x.win / 1000
     elseif full then -- the op fits once c - limit + weight members slid out
-      out[#out + 1] = ms(scoreAt(x.k, c - x.limit + op.weight - 1) + x.win - now)
+      -- (ranks count from the oldest that still counts: expired ones are
+      -- gone where this call wrote, and scored below now - window else)
+      local dead = 0
+      if not pruned[x.k] then dead = redis.call('ZCOUNT', KEYS[x.k], '-inf', now - x.win) end
+      out[#out + 1] = ms(scoreAt(x.k, dead + c - x.limit + op.weight - 1) + x.win - now)
     elseif c == 0 then
       out[#out + 1] = 0
+    elseif fresh[x.k] then -- its oldest counting member is this call's
+      out[#out + 1] = x.win / 1000
     else
-      out[#out + 1] = ms(scoreAt(x.k, 0) + x.win - now)
+      local dead = 0
+      if not pruned[x.k] then dead = redis.call('ZCOUNT', KEYS[x.k], '-inf', now - x.win) end
+      out[#out + 1] = ms(scoreAt(x.k, dead) + x.win - now)
     end
   end
 end

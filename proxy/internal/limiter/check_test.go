@@ -352,7 +352,7 @@ func BenchmarkCheck(b *testing.B) {
 
 // scriptMicros is the time Redis spent in scripts so far (INFO
 // commandstats; summed over a cluster's nodes), µs.
-func scriptMicros(b *testing.B, rdb redis.UniversalClient) float64 {
+func scriptMicros(b testing.TB, rdb redis.UniversalClient) float64 {
 	var mu sync.Mutex
 	us := 0.0
 	err := redisnodes.EachMaster(context.Background(), rdb, func(ctx context.Context, n redis.Cmdable) error {

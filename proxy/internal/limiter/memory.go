@@ -97,10 +97,3 @@ func (m *Memory) Sweep() {
 		}
 	}
 }
-
-// Len is the number of logs held.
-func (m *Memory) Len() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.logs)
-}

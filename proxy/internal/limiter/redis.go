@@ -148,13 +148,14 @@ func (s *Redis) wait(o *op) (bool, error) {
 		s.m.skipped.Inc()
 		return false, errBreakerOpen
 	}
+	s.m.queued.Add(1) // before the flusher that takes it subtracts
 	select {
 	case s.queue <- o:
 	default:
+		s.m.queued.Add(-1)
 		s.m.shed.WithLabelValues("queue_full").Inc()
 		return false, ErrShed
 	}
-	s.m.queued.Add(1)
 	for n := s.active.Load(); n < flushers; n = s.active.Load() {
 		if s.active.CompareAndSwap(n, n+1) {
 			go s.flush()

@@ -106,9 +106,6 @@ type Rule struct {
 // Rules is an immutable compiled rule set; a reload builds a new one.
 type Rules struct{ list []*Rule }
 
-// Len is the number of rules.
-func (rs *Rules) Len() int { return len(rs.list) }
-
 // Compile validates and compiles rules; keyPrefix is [redis] key_prefix.
 func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 	rs := &Rules{}
