@@ -54,17 +54,19 @@ const childReapBound = childWaitDelay + 5*time.Second
 
 // Cmd is a child process of a test: an exec.Cmd whose Start, Wait, Run,
 // Output and CombinedOutput shadow exec's and add the guarantees above. Set
-// its fields (Env, Dir, Stdout, ...) as on an exec.Cmd; do not call the
-// embedded Cmd's methods directly.
+// its fields (Env, Dir, Stdout, ...) and use StdinPipe or StdoutPipe as on
+// an exec.Cmd; do not call the embedded Cmd's Start or Wait directly.
 type Cmd struct {
 	*exec.Cmd
 	t    testing.TB
 	what string // the command line, shortened, for messages
 
-	mu     sync.Mutex
-	done   chan struct{} // closed once the child was reaped; nil before Start
-	exited bool          // the child exited and its group was swept
-	err    error         // of exec's Wait
+	mu      sync.Mutex
+	started bool
+	exited  bool          // the child exited and its group was swept
+	swept   chan struct{} // closed then (Linux: see watch)
+	wait    sync.Once     // exec's Wait, once: after the sweep
+	err     error         // of exec's Wait
 }
 
 // Command is exec.Command(name, args...) as a child of test t (see Cmd).
@@ -84,22 +86,21 @@ func CommandContext(ctx context.Context, t testing.TB, name string, args ...stri
 func newCmd(t testing.TB, cmd *exec.Cmd) *Cmd {
 	cmd.SysProcAttr = childProcAttr()
 	cmd.WaitDelay = childWaitDelay
-	c := &Cmd{Cmd: cmd, t: t, what: commandLine(cmd.Args)}
+	c := &Cmd{Cmd: cmd, t: t, what: commandLine(cmd.Args), swept: make(chan struct{})}
 	// Registered now, before the caller's own cleanups (a graceful stop
 	// registered after the command was made runs first: t.Cleanup is LIFO).
 	t.Cleanup(func() {
-		done := c.started()
-		if done == nil {
+		c.mu.Lock()
+		started := c.started
+		c.mu.Unlock()
+		if !started {
 			return
-		}
-		select {
-		case <-done:
-			return
-		default:
 		}
 		_ = c.killGroup()
+		waited := make(chan struct{})
+		go func() { _ = c.Wait(); close(waited) }()
 		select {
-		case <-done:
+		case <-waited:
 		case <-time.After(childReapBound):
 			t.Errorf("%s: not reaped %v after SIGKILL to its process group %d", c.what, childReapBound, c.Process.Pid)
 		}
@@ -115,19 +116,13 @@ func commandLine(args []string) string {
 	return s
 }
 
-func (c *Cmd) started() chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.done
-}
-
-// Start starts the child in a process group of its own, registers the group
-// with the watchdog, and reaps the child in the background (Wait and Exited
-// wait for that).
+// Start starts the child in a process group of its own and registers the
+// group with the watchdog. Wait reaps it (the test's cleanup does, if the
+// caller does not).
 func (c *Cmd) Start() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done != nil {
+	if c.started {
 		return fmt.Errorf("%s: started twice", c.what)
 	}
 	w, err := theWatchdog()
@@ -137,40 +132,31 @@ func (c *Cmd) Start() error {
 	if err := c.Cmd.Start(); err != nil {
 		return err
 	}
-	pgid := c.Process.Pid
-	if err := w.send('+', pgid); err != nil {
-		_ = killGroup(pgid)
+	if err := w.send('+', c.Process.Pid); err != nil {
+		_ = killGroup(c.Process.Pid)
 		_ = c.Cmd.Wait()
 		return fmt.Errorf("start %s: %w", c.what, err)
 	}
-	done := make(chan struct{})
-	c.done = done
-	go func() {
-		err := c.reap()
-		_ = w.send('-', pgid)
-		c.mu.Lock()
-		c.err = err
-		c.mu.Unlock()
-		close(done)
-	}()
+	c.started = true
+	c.watch()
 	return nil
 }
 
-// Wait waits until the child was reaped and returns exec's Wait error (any
-// number of callers; before Start it is an error).
+// Wait waits for the child, reaps it (after its group was swept) and
+// returns exec's Wait error; any number of callers get the same.
 func (c *Cmd) Wait() error {
-	done := c.started()
-	if done == nil {
+	c.mu.Lock()
+	started := c.started
+	c.mu.Unlock()
+	if !started {
 		return fmt.Errorf("%s: Wait before Start", c.what)
 	}
-	<-done
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.wait.Do(func() {
+		c.err = c.reap()
+		_ = theDog.send('-', c.Process.Pid)
+	})
 	return c.err
 }
-
-// Exited is closed once the child was reaped (nil before Start).
-func (c *Cmd) Exited() <-chan struct{} { return c.started() }
 
 // Run starts the child and waits for it.
 func (c *Cmd) Run() error {

@@ -13,18 +13,26 @@ func childProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
 
-// reap waits for the child's exit without reaping it (waitid WNOWAIT),
-// sweeps its group while its pid, the group's id, is still taken by the
-// zombie, then lets exec's Wait reap it; what the child left behind is dead
-// by then, so its output pipe is closed and Wait returns at once.
-func (c *Cmd) reap() error {
-	for {
-		var info unix.Siginfo
-		err := unix.Waitid(unix.P_PID, c.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-		if !errors.Is(err, unix.EINTR) {
-			break // exited (or not waitable: exec's Wait says why)
+// watch sweeps the child's group as soon as the child exits: waitid with
+// WNOWAIT sees the exit without reaping, so the group id (the child's pid,
+// held by the zombie) cannot belong to anyone else yet; what the child left
+// behind dies at once, its output pipe with it.
+func (c *Cmd) watch() {
+	go func() {
+		for {
+			var info unix.Siginfo
+			err := unix.Waitid(unix.P_PID, c.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+			if !errors.Is(err, unix.EINTR) {
+				break // exited (or not waitable: exec's Wait says why)
+			}
 		}
-	}
-	c.sweep()
+		c.sweep()
+		close(c.swept)
+	}()
+}
+
+// reap lets exec's Wait reap the child once its group was swept.
+func (c *Cmd) reap() error {
+	<-c.swept
 	return c.Cmd.Wait()
 }

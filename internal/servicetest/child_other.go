@@ -10,9 +10,13 @@ func childProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true}
 }
 
-// reap: without waitid's WNOWAIT the group is swept after exec's Wait reaped
-// the child (a reused group id is then possible, if unlikely), and a
-// grandchild holding the output pipe holds Wait for childWaitDelay.
+// watch: without waitid's WNOWAIT the group is swept only after exec's Wait
+// reaped the child (see reap).
+func (c *Cmd) watch() {}
+
+// reap sweeps the group after exec's Wait: a reused group id is then
+// possible, if unlikely, and a grandchild holding the output pipe holds
+// Wait for childWaitDelay.
 func (c *Cmd) reap() error {
 	err := c.Cmd.Wait()
 	c.sweep()

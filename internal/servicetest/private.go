@@ -38,8 +38,9 @@ func freePort(t testing.TB) int {
 // Private is a server of the test's own, which it may stop, restart or count
 // exactly (INFO commandstats, SHOW GLOBAL STATUS): nothing else uses it.
 type Private struct {
-	Addr   string // host:port
-	cmd    *exec.Cmd
+	Addr   string     // host:port
+	owner  testing.TB // the test whose child every run is
+	cmd    *Cmd
 	exited chan struct{}
 	argv   []string
 	tls    *tls.Config // a TLS-only redis-server: how to reach it
@@ -54,7 +55,7 @@ func PrivateRedis(t testing.TB) *Private {
 	bin := needBinary(t, "redis-server")
 	var errs []string
 	for range 10 {
-		p := redisServer(bin, freePort(t))
+		p := redisServer(t, bin, freePort(t))
 		err := p.startRedis()
 		if err == nil {
 			t.Cleanup(p.Kill)
@@ -77,7 +78,7 @@ func StartRedisArgs(t testing.TB, args func(port int) []string) *Private {
 	var errs []string
 	for range 10 {
 		port := freePort(t)
-		p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), argv: append([]string{bin}, args(port)...)}
+		p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), owner: t, argv: append([]string{bin}, args(port)...)}
 		if err := p.startRedis(); err != nil {
 			errs = append(errs, err.Error())
 			continue
@@ -92,14 +93,16 @@ func StartRedisArgs(t testing.TB, args func(port int) []string) *Private {
 // FreePort is a port free on 127.0.0.1 a moment ago.
 func FreePort(t testing.TB) int { return freePort(t) }
 
-// redisServer is a redis-server on port that keeps nothing on disk.
-func redisServer(bin string, port int) *Private {
-	return &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), argv: []string{bin, "--port", strconv.Itoa(port),
+// redisServer is a redis-server on port that keeps nothing on disk, a
+// child of test t.
+func redisServer(t testing.TB, bin string, port int) *Private {
+	return &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), owner: t, argv: []string{bin, "--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}}
 }
 
 // Start restarts the server on its address (after Kill) and waits until it
-// answers.
+// answers. It stays a child of the test that made it, whichever test
+// restarts it.
 func (p *Private) Start(t testing.TB) {
 	t.Helper()
 	Must(t, p.startRedis(), "restart private redis-server")
@@ -108,7 +111,7 @@ func (p *Private) Start(t testing.TB) {
 // startRedis runs the server and waits until this very process answers on
 // Addr (its INFO process_id), not some other server that holds the port.
 func (p *Private) startRedis() error {
-	cmd := exec.Command(p.argv[0], p.argv[1:]...)
+	cmd := Command(p.owner, p.argv[0], p.argv[1:]...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.argv[0], err)
 	}
@@ -175,10 +178,14 @@ func PrivateMariaDB(t testing.TB) (*Private, string) {
 	install := needBinary(t, "mariadb-install-db")
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
-	out, err := exec.Command(install, "--no-defaults", "--datadir="+data,
+	// A few seconds; bounded so that a stuck install fails the test, not
+	// the package's -timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := CommandContext(ctx, t, install, "--no-defaults", "--datadir="+data,
 		"--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput()
 	if err != nil {
-		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
+		t.Fatalf("mariadb-install-db (bound 2m): %v\n%s", err, out)
 	}
 	port := freePort(t)
 	argv := []string{bin, "--no-defaults", "--datadir=" + data, "--port=" + strconv.Itoa(port),
@@ -187,8 +194,8 @@ func PrivateMariaDB(t testing.TB) (*Private, string) {
 	if os.Geteuid() == 0 {
 		argv = append(argv, "--user=root")
 	}
-	p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), argv: argv}
-	p.cmd = exec.Command(argv[0], argv[1:]...)
+	p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), owner: t, argv: argv}
+	p.cmd = Command(t, argv[0], argv[1:]...)
 	Must(t, p.cmd.Start(), "start mariadbd")
 	t.Cleanup(p.Kill)
 	dsn := fmt.Sprintf("root@tcp(%s)/", p.Addr)

@@ -63,7 +63,7 @@ func startRabbit(t testing.TB, port int) (*RabbitNode, error) {
 	}
 	_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Chmod(p, 0o777) })
 	n := &RabbitNode{Name: fmt.Sprintf("seckill-test-%d@localhost", port), URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), dir: dir}
-	cmd := exec.Command("rabbitmq-server")
+	cmd := Command(t, "rabbitmq-server")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"RABBITMQ_NODENAME="+n.Name,
@@ -87,7 +87,9 @@ func startRabbit(t testing.TB, port int) (*RabbitNode, error) {
 	stop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		_ = exec.CommandContext(ctx, "rabbitmqctl", "-n", n.Name, "stop").Run()
+		// The node runs under su -c, in a session of its own: the
+		// helper's group kill does not reach it, this stop does.
+		_ = CommandContext(ctx, t, "rabbitmqctl", "-n", n.Name, "stop").Run()
 		select {
 		case <-exited:
 		case <-time.After(30 * time.Second):
@@ -129,7 +131,7 @@ func (n *RabbitNode) Ctl(t testing.TB, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-n", n.Name}, args...)...).CombinedOutput()
+	out, err := CommandContext(ctx, t, "rabbitmqctl", append([]string{"-n", n.Name}, args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}

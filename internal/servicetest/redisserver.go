@@ -19,7 +19,7 @@ func StartRedis(t testing.TB, firstPort int) string {
 	}
 	var errs []string
 	for port := firstPort; port < firstPort+20; port++ {
-		p := redisServer(bin, port)
+		p := redisServer(t, bin, port)
 		if err := p.startRedis(); err != nil {
 			errs = append(errs, err.Error()) // port taken: try the next
 			continue
