@@ -137,7 +137,7 @@ func TestChildrenDieWithTheTestBinary(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	bin := CommandContext(ctx, t, os.Args[0], "-test.run=^TestChildrenDieWithTheTestBinary$", "-test.timeout=2s")
+	bin := CommandContext(ctx, t, os.Args[0], "-test.run=^TestChildrenDieWithTheTestBinary$", "-test.timeout=5s")
 	bin.Env = append(os.Environ(), envDieChild+"=1")
 	out, err := bin.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "panic: test timed out") {
