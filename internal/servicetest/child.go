@@ -36,7 +36,11 @@ import (
 //     SIGKILL to each child (Pdeathsig, Linux), and a watchdog (one sh per
 //     test binary whose stdin is a pipe only the test binary holds) reads
 //     EOF and kills every group still registered: the grandchildren, and
-//     a child whose Pdeathsig an exec cleared (a set-user-ID program).
+//     a child whose Pdeathsig an exec cleared (a set-user-ID program). A
+//     group is registered from its start until its child was reaped; one
+//     whose every process had already ended when the binary died could in
+//     principle have had its id reused by the time of that kill, which
+//     comes at once.
 //
 // Not covered: a process that leaves the group on purpose (setsid: a
 // daemonizing redis-server, su -c, start-stop-daemon --background). Whoever
