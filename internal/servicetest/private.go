@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -16,6 +17,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 )
+
+// errNoAnswer: a server started, neither answered nor exited within its
+// bound. Unlike a port lost to another process, another try would only wait
+// as long again, so the retry loops give up on it.
+var errNoAnswer = errors.New("did not answer")
 
 // needBinary skips the test when name is not installed, or fails it under CI.
 func needBinary(t testing.TB, name string) string {
@@ -62,6 +68,9 @@ func PrivateRedis(t testing.TB) *Private {
 			return p
 		}
 		errs = append(errs, err.Error())
+		if errors.Is(err, errNoAnswer) {
+			break // not a lost port: another try would wait as long again
+		}
 	}
 	t.Fatalf("private redis-server did not start: %s", strings.Join(errs, "; "))
 	return nil
@@ -81,6 +90,9 @@ func StartRedisArgs(t testing.TB, args func(port int) []string) *Private {
 		p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), owner: t, argv: append([]string{bin}, args(port)...)}
 		if err := p.startRedis(); err != nil {
 			errs = append(errs, err.Error())
+			if errors.Is(err, errNoAnswer) {
+				break // not a lost port: another try would wait as long again
+			}
 			continue
 		}
 		t.Cleanup(p.Kill)
@@ -136,7 +148,7 @@ func (p *Private) startRedis() error {
 		}
 		if time.Now().After(deadline) {
 			p.Kill()
-			return fmt.Errorf("redis-server on %s did not answer within a minute (last: pid %d, %v)", p.Addr, pid, err)
+			return fmt.Errorf("redis-server on %s %w within a minute (last: pid %d, %v)", p.Addr, errNoAnswer, pid, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

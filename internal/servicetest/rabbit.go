@@ -2,6 +2,7 @@ package servicetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -37,6 +38,9 @@ func StartRabbit(t testing.TB, firstPort int) *RabbitNode {
 			return n
 		}
 		errs = append(errs, fmt.Sprintf("port %d: %v", port, err))
+		if errors.Is(err, errNoAnswer) {
+			break // not a lost port: another try would wait as long again
+		}
 	}
 	t.Fatalf("own RabbitMQ node did not start: %s", strings.Join(errs, "; "))
 	return nil
@@ -114,7 +118,7 @@ func startRabbit(t testing.TB, port int) (*RabbitNode, error) {
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return nil, fmt.Errorf("no AMQP listener after 2m")
+			return nil, fmt.Errorf("%w: no AMQP listener after 2m", errNoAnswer)
 		}
 	}
 }

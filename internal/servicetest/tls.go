@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -259,6 +260,9 @@ func (r *TLSRedis) startNode(t testing.TB, ip string, extra []string, configFile
 		p.argv = append(argv, extra...)
 		if err := p.startRedis(); err != nil {
 			errs = append(errs, err.Error()) // port taken meanwhile: another
+			if errors.Is(err, errNoAnswer) {
+				break // not a lost port: another try would wait as long again
+			}
 			continue
 		}
 		t.Cleanup(p.Kill)
