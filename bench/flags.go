@@ -129,7 +129,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *cli.Flags, *options, map[stri
 	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token of the admin API (default $SECKILL_ADMIN_TOKEN, else [backend] admin_token or admin_token_file)")
 	fs.StringVar(&o.jsonPath, "json", "", "write the report as JSON to this file")
 	fs.StringVar(&o.htmlPath, "html", "", "write the report as a self-contained HTML page to this file")
-	fs.StringVar(&o.beforeDrain, "before-drain", "", "shell command run after the load and before the drain wait (e.g. start or resume workers)")
+	fs.StringVar(&o.beforeDrain, "before-drain", "", "shell command run after the load and before the drain wait (e.g. start or resume workers); killed after 1m")
 	fs.StringVar(&o.rabbitmqctl, "rabbitmqctl", "auto", "rabbitmqctl used to read unacknowledged messages; \"\" to skip, auto: from PATH (skipped when [rabbitmq] url names several nodes)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress output")
 	fs.Func("cpu", "account CPU per process over the scenario: name=pid[+pid...],... (e.g. proxy=12,worker=14+15)", func(s string) error {

@@ -158,10 +158,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		problems = append(problems, "redis calls per node: "+cerr.Error())
 	}
 	if o.beforeDrain != "" {
-		cmd := exec.CommandContext(ctx, "sh", "-c", o.beforeDrain)
-		cmd.Stdout, cmd.Stderr = stderr, stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("-before-drain %q: %w", o.beforeDrain, err)
+		if err := runHook(ctx, o.beforeDrain, stderr, hookBound); err != nil {
+			return err
 		}
 	}
 	snap := rec.Snapshot()
@@ -304,4 +302,26 @@ func existingOrders(ctx context.Context, db *sql.DB, id int64) (int64, error) {
 		return 0, fmt.Errorf("mysql: %w", err)
 	}
 	return n, nil
+}
+
+// hookBound bounds the -before-drain command: it resumes or starts the
+// workers, a matter of seconds; the bench's own context has no deadline.
+const hookBound = time.Minute
+
+// runHook runs the -before-drain shell command, killed after bound.
+// WaitDelay: a process the command left running with its output (a worker
+// started with &) cannot hold the bench past the command's own end.
+func runHook(ctx context.Context, hook string, out io.Writer, bound time.Duration) error {
+	hctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	cmd := exec.CommandContext(hctx, "sh", "-c", hook)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		if hctx.Err() != nil && ctx.Err() == nil {
+			return fmt.Errorf("-before-drain %q: not done within %v: %w", hook, bound, err)
+		}
+		return fmt.Errorf("-before-drain %q: %w", hook, err)
+	}
+	return nil
 }

@@ -133,3 +133,18 @@ func TestCPUAndCeilingFlags(t *testing.T) {
 		t.Errorf("ceilings -duration 0s: %v", err)
 	}
 }
+
+// A -before-drain command that does not end is killed at its bound, with an
+// error naming the command and the bound, not waited for.
+func TestBeforeDrainHookIsBounded(t *testing.T) {
+	var out strings.Builder
+	t0 := time.Now()
+	err := runHook(t.Context(), "exec sleep 300", &out, time.Second)
+	if err == nil || !strings.Contains(err.Error(), `-before-drain "exec sleep 300": not done within 1s`) {
+		t.Fatalf("error %v, want the bound named", err)
+	}
+	t.Logf("returned after %v: %v", time.Since(t0), err)
+	if err := runHook(t.Context(), "echo resumed", &out, time.Second); err != nil || out.String() != "resumed\n" {
+		t.Fatalf("a quick hook: %v, output %q", err, out.String())
+	}
+}

@@ -7,6 +7,7 @@ package deploy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/servicetest"
 )
 
 // tool finds a command; without it the test skips, or fails under CI (make
@@ -40,11 +43,15 @@ func tool(t *testing.T, name string) string {
 
 func run(t *testing.T, dir, bin string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	// promtool checks take a second; the bound keeps a stuck one from
+	// running into the package's -timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := servicetest.CommandContext(ctx, t, bin, args...)
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", filepath.Base(bin), strings.Join(args, " "), err, out)
+		t.Fatalf("%s %s (bound 2m): %v\n%s", filepath.Base(bin), strings.Join(args, " "), err, out)
 	}
 	t.Logf("%s %s:\n%s", filepath.Base(bin), strings.Join(args, " "), out)
 }

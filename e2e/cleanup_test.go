@@ -61,8 +61,10 @@ func rabbitmqctl(t *testing.T, what string) []string {
 		}
 		t.Skipf("rabbitmqctl missing: %v", err)
 	}
-	out, err := exec.Command(bin, "-q", what, "name", "--no-table-headers").Output()
-	servicetest.Must(t, err, "rabbitmqctl %s", what)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := servicetest.CommandContext(ctx, t, bin, "-q", what, "name", "--no-table-headers").Output()
+	servicetest.Must(t, err, "rabbitmqctl %s (bound %v)", what, time.Minute)
 	var names []string
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
@@ -133,13 +135,18 @@ for i in $(seq 1 100); do
 done
 echo "sold $sold"
 `
-		cmd := exec.Command("bash", "-c", script)
+		// A few seconds' work; the bound keeps a stuck stack from running
+		// into the package's -timeout.
+		const bound = 3 * time.Minute
+		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		defer cancel()
+		cmd := servicetest.CommandContext(ctx, t, "bash", "-c", script)
 		cmd.Dir = ".."
 		cmd.Env = append(os.Environ(), "STACK_OUT="+out, "STACK_BIN="+binDir, "STACK_NAME=cleanup",
 			"SECKILL_REDIS_URL="+servicetest.RedisURL(), "SECKILL_AMQP_URL="+servicetest.AMQPURL())
 		b, err := cmd.CombinedOutput()
 		if err != nil {
-			t.Fatalf("stack.sh run: %v\n%s", err, b)
+			t.Fatalf("stack.sh run (bound %v): %v\n%s", bound, err, b)
 		}
 		var amqpPrefix, redisPrefix, database, sold string
 		for _, line := range strings.Split(string(b), "\n") {

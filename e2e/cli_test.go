@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/seckill/seckill/e2e/internal/stack"
 	"github.com/seckill/seckill/internal/servicetest"
@@ -18,11 +20,16 @@ import (
 // exec runs bin with args and returns its exit status and output.
 func runBinary(t *testing.T, bin string, args ...string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := servicetest.CommandContext(ctx, t, bin, args...)
 	cmd.Env = append(os.Environ(), "SECKILL_ADMIN_TOKEN=")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("%s %v: not done within a minute: %v\n%s", bin, args, err, out.String())
+	}
 	var ee *exec.ExitError
 	switch {
 	case err == nil:

@@ -31,7 +31,7 @@ func startPrometheus(t *testing.T, bin, dir string, args ...string) (addr string
 	for try := 1; ; try++ {
 		addr = stack.FreeAddr(t)
 		logPath := filepath.Join(dir, fmt.Sprintf("prometheus-%d.log", try))
-		cmd := exec.Command(bin, append(args, "--web.listen-address="+addr, "--log.level=info")...)
+		cmd := servicetest.Command(t, bin, append(args, "--web.listen-address="+addr, "--log.level=info")...)
 		logf, err := os.Create(logPath)
 		servicetest.Must(t, err, "log")
 		cmd.Stdout, cmd.Stderr = logf, logf

@@ -40,6 +40,11 @@ command -v redis-cli >/dev/null || { echo "redis-cli not installed" >&2; exit 1;
 
 port_free() { ! (exec 3<>"/dev/tcp/$host/$1") 2>/dev/null; }
 
+# rcli: redis-cli bounded (it has no timeout of its own: a port held by
+# something that accepts and never answers would hold the script, and a test
+# waiting on it, forever).
+rcli() { timeout 5 redis-cli "$@"; }
+
 # alive: every pid in the directory's pid files runs.
 alive() {
 	local f n=0
@@ -88,7 +93,7 @@ ports() {
 
 wait_ping() {
 	for _ in $(seq 100); do
-		redis-cli -h $host -p "$1" ping 2>/dev/null | grep -q PONG && return 0
+		rcli -h $host -p "$1" ping 2>/dev/null | grep -q PONG && return 0
 		sleep 0.05
 	done
 	echo "redis-server on $1 did not answer (log: $dir/$1.log)" >&2
@@ -100,11 +105,11 @@ wait_synced() {
 	local p
 	for p in "$@"; do
 		for _ in $(seq 300); do
-			redis-cli -h $host -p "$p" info replication | grep -q '^role:master' && break
-			redis-cli -h $host -p "$p" info replication | grep -q '^master_link_status:up' && break
+			rcli -h $host -p "$p" info replication | grep -q '^role:master' && break
+			rcli -h $host -p "$p" info replication | grep -q '^master_link_status:up' && break
 			sleep 0.1
 		done
-		redis-cli -h $host -p "$p" info replication | grep -qE '^(role:master|master_link_status:up)' ||
+		rcli -h $host -p "$p" info replication | grep -qE '^(role:master|master_link_status:up)' ||
 			{ echo "replica $p did not sync with its master" >&2; return 1; }
 	done
 }
@@ -127,13 +132,14 @@ start_cluster() {
 			--cluster-node-timeout "$timeout" --cluster-require-full-coverage yes
 		addrs+=("$host:$p")
 	done
-	redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 ||
-		{ cat "$dir/create.log" >&2; return 1; }
+	# Bounded: --cluster create waits forever for nodes that never meet.
+	timeout 60 redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 ||
+		{ cat "$dir/create.log" >&2; echo "redis-cli --cluster create ${addrs[*]}: failed or not done within 60s" >&2; return 1; }
 	# Every node agrees on the slots before anyone uses the URL.
 	for _ in $(seq 200); do
 		local ok=1
 		for p in "${ps[@]}"; do
-			redis-cli -h $host -p "$p" cluster info | grep -q 'cluster_state:ok' || ok=0
+			rcli -h $host -p "$p" cluster info | grep -q 'cluster_state:ok' || ok=0
 		done
 		[ "$ok" = 1 ] && break
 		sleep 0.1
@@ -144,12 +150,12 @@ start_cluster() {
 	for _ in $(seq 300); do
 		ok=1
 		for p in "${ps[@]}"; do
-			[ "$(redis-cli -h $host -p "$p" cluster nodes | grep -cE '[ ,]slave [0-9a-f]')" = 3 ] || { ok=0; break; }
+			[ "$(rcli -h $host -p "$p" cluster nodes | grep -cE '[ ,]slave [0-9a-f]')" = 3 ] || { ok=0; break; }
 		done
 		[ "$ok" = 1 ] && break
 		sleep 0.1
 	done
-	[ "$ok" = 1 ] || { echo "cluster: not every master has a replica:" >&2; redis-cli -h $host -p "${ps[0]}" cluster nodes >&2; return 1; }
+	[ "$ok" = 1 ] || { echo "cluster: not every master has a replica:" >&2; rcli -h $host -p "${ps[0]}" cluster nodes >&2; return 1; }
 	wait_synced "${ps[@]}"
 	local IFS=,
 	echo "redis-cluster://${addrs[*]:0:3}" >"$dir/url"
@@ -182,8 +188,8 @@ EOF
 	done
 	# The Sentinels know the replica and each other before the URL is used.
 	for _ in $(seq 200); do
-		redis-cli -h $host -p "${ps[2]}" sentinel replicas seckill 2>/dev/null | grep -q "${ps[1]}" &&
-			[ "$(redis-cli -h $host -p "${ps[2]}" sentinel master seckill | sed -n '/^num-other-sentinels$/{n;p}')" = 2 ] && break
+		rcli -h $host -p "${ps[2]}" sentinel replicas seckill 2>/dev/null | grep -q "${ps[1]}" &&
+			[ "$(rcli -h $host -p "${ps[2]}" sentinel master seckill | sed -n '/^num-other-sentinels$/{n;p}')" = 2 ] && break
 		sleep 0.1
 	done
 	local IFS=,

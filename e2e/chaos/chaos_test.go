@@ -15,9 +15,9 @@ package chaos
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -88,13 +88,22 @@ func midSale(c *stack.Crowd, lo, hi float64) {
 
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	out, err := command(t, 2*time.Minute, name, args...)
 	if err != nil {
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
-	return string(out)
+	return out
+}
+
+// command runs name, killed (with all it started) after bound.
+func command(t *testing.T, bound time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	out, err := servicetest.CommandContext(ctx, t, name, args...).CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("not done within %v: %w", bound, err)
+	}
+	return string(out), err
 }
 
 // amqpUp reports whether the broker accepts connections.

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -58,8 +57,9 @@ func healRabbit(t *testing.T) {
 	if amqpUp() {
 		return
 	}
-	_ = exec.Command("rabbitmqctl", "start_app").Run()
-	_ = exec.Command("rabbitmqctl", "await_startup").Run()
+	// Errors aside: whether the broker is back is what the loop checks.
+	_, _ = command(t, time.Minute, "rabbitmqctl", "start_app")
+	_, _ = command(t, time.Minute, "rabbitmqctl", "await_startup")
 	deadline := time.Now().Add(2 * time.Minute)
 	for !amqpUp() {
 		if time.Now().After(deadline) {
@@ -164,32 +164,34 @@ func TestMariaDBRestartMidDrain(t *testing.T) {
 		t.Fatalf("the backlog drained before the restart; the fault would test nothing")
 	}
 	t.Logf("restarting MariaDB with %d messages ready", depth)
-	out, err := exec.Command("mariadb-admin", "--protocol=tcp", "-h127.0.0.1", "-uroot", "shutdown").CombinedOutput()
+	out, err := command(t, time.Minute, "mariadb-admin", "--protocol=tcp", "-h127.0.0.1", "-uroot", "--connect-timeout=5", "shutdown")
 	servicetest.Must(t, err, "mariadb-admin shutdown: %s", out)
-	stack.WaitFor(t, "MariaDB down", time.Minute, func() bool { return !mariaDBUp() })
+	stack.WaitFor(t, "MariaDB down", time.Minute, func() bool { return !mariaDBUp(t) })
 	time.Sleep(time.Second)
 	startMariaDB(t)
 	s.Finish(t, "mariadb restart mid-drain", sale, c)
 }
 
-func mariaDBUp() bool {
-	out, _ := exec.Command("mariadb-admin", "--protocol=tcp", "-h127.0.0.1", "-uroot", "--connect-timeout=2", "ping").CombinedOutput()
-	return strings.Contains(string(out), "is alive")
+func mariaDBUp(t *testing.T) bool {
+	out, _ := command(t, 10*time.Second, "mariadb-admin", "--protocol=tcp", "-h127.0.0.1", "-uroot", "--connect-timeout=2", "ping")
+	return strings.Contains(out, "is alive")
 }
 
 // startMariaDB starts mariadbd the way scripts/services.sh does, when it is
 // not running, and waits until it answers.
 func startMariaDB(t *testing.T) {
-	if mariaDBUp() {
+	if mariaDBUp(t) {
 		return
 	}
-	_ = exec.Command("install", "-d", "-o", "mysql", "-g", "mysql", "-m", "0755", "/run/mysqld").Run()
-	if out, err := exec.Command("start-stop-daemon", "--start", "--oknodo", "--background",
-		"--exec", "/usr/sbin/mariadbd", "--", "--user=mysql").CombinedOutput(); err != nil {
+	_, _ = command(t, 10*time.Second, "install", "-d", "-o", "mysql", "-g", "mysql", "-m", "0755", "/run/mysqld")
+	// --background: the daemon leaves start-stop-daemon's process group
+	// (setsid), so the helper's sweep of that group leaves it running.
+	if out, err := command(t, time.Minute, "start-stop-daemon", "--start", "--oknodo", "--background",
+		"--exec", "/usr/sbin/mariadbd", "--", "--user=mysql"); err != nil {
 		t.Errorf("start mariadbd: %v\n%s", err, out)
 	}
 	deadline := time.Now().Add(2 * time.Minute)
-	for !mariaDBUp() {
+	for !mariaDBUp(t) {
 		if time.Now().After(deadline) {
 			t.Errorf("MariaDB did not come back within 2m")
 			return

@@ -80,10 +80,17 @@ func startEngine(t testing.TB, kind string, firstPort int) *Engine {
 	var err error
 	// Two tests may race for the same free ports: the loser's servers fail
 	// to bind and the script gives up; try further up.
+	// Each try is bounded: the script's own waits are (a few seconds), but
+	// not every redis-cli call in it.
 	for try := 0; try < 3; try++ {
-		cmd := exec.Command("bash", enginesScript(), kind, "start")
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		cmd := CommandContext(ctx, t, "bash", enginesScript(), kind, "start")
 		cmd.Env = append(os.Environ(), "ENGINE_DIR="+e.Dir, "ENGINE_PORT="+strconv.Itoa(firstPort+try*37))
 		out, err = cmd.CombinedOutput()
+		if ctx.Err() != nil {
+			err = fmt.Errorf("not done within 2m: %w", err)
+		}
+		cancel()
 		if err == nil {
 			break
 		}
@@ -94,10 +101,13 @@ func startEngine(t testing.TB, kind string, firstPort int) *Engine {
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	e.URL = lines[len(lines)-1]
 	t.Cleanup(func() {
-		cmd := exec.Command("bash", enginesScript(), kind, "stop")
+		// The servers daemonize (their own sessions): only this stops them.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := CommandContext(ctx, t, "bash", enginesScript(), kind, "stop")
 		cmd.Env = append(os.Environ(), "ENGINE_DIR="+e.Dir)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Errorf("stop redis %s: %v: %s", kind, err, out)
+			t.Errorf("stop redis %s (bound 1m): %v: %s", kind, err, out)
 		}
 	})
 	return e
@@ -125,8 +135,10 @@ func (e *Engine) Restart(t testing.TB, port int) {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(port+100), "--cluster-config-file", filepath.Join(e.Dir, "nodes-"+p+".conf"),
 			"--cluster-node-timeout", "2000")
 	}
-	if out, err := exec.Command("redis-server", args...).CombinedOutput(); err != nil {
-		t.Fatalf("restart redis-server %d: %v: %s", port, err, out)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := CommandContext(ctx, t, "redis-server", args...).CombinedOutput(); err != nil {
+		t.Fatalf("restart redis-server %d (bound 30s): %v: %s", port, err, out)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + p})
 	defer rdb.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -16,6 +17,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 )
+
+// errNoAnswer: a server started, neither answered nor exited within its
+// bound. Unlike a port lost to another process, another try would only wait
+// as long again, so the retry loops give up on it.
+var errNoAnswer = errors.New("did not answer")
 
 // needBinary skips the test when name is not installed, or fails it under CI.
 func needBinary(t testing.TB, name string) string {
@@ -38,8 +44,9 @@ func freePort(t testing.TB) int {
 // Private is a server of the test's own, which it may stop, restart or count
 // exactly (INFO commandstats, SHOW GLOBAL STATUS): nothing else uses it.
 type Private struct {
-	Addr   string // host:port
-	cmd    *exec.Cmd
+	Addr   string     // host:port
+	owner  testing.TB // the test whose child every run is
+	cmd    *Cmd
 	exited chan struct{}
 	argv   []string
 	tls    *tls.Config // a TLS-only redis-server: how to reach it
@@ -54,13 +61,16 @@ func PrivateRedis(t testing.TB) *Private {
 	bin := needBinary(t, "redis-server")
 	var errs []string
 	for range 10 {
-		p := redisServer(bin, freePort(t))
+		p := redisServer(t, bin, freePort(t))
 		err := p.startRedis()
 		if err == nil {
 			t.Cleanup(p.Kill)
 			return p
 		}
 		errs = append(errs, err.Error())
+		if errors.Is(err, errNoAnswer) {
+			break // not a lost port: another try would wait as long again
+		}
 	}
 	t.Fatalf("private redis-server did not start: %s", strings.Join(errs, "; "))
 	return nil
@@ -77,9 +87,12 @@ func StartRedisArgs(t testing.TB, args func(port int) []string) *Private {
 	var errs []string
 	for range 10 {
 		port := freePort(t)
-		p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), argv: append([]string{bin}, args(port)...)}
+		p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), owner: t, argv: append([]string{bin}, args(port)...)}
 		if err := p.startRedis(); err != nil {
 			errs = append(errs, err.Error())
+			if errors.Is(err, errNoAnswer) {
+				break // not a lost port: another try would wait as long again
+			}
 			continue
 		}
 		t.Cleanup(p.Kill)
@@ -92,14 +105,16 @@ func StartRedisArgs(t testing.TB, args func(port int) []string) *Private {
 // FreePort is a port free on 127.0.0.1 a moment ago.
 func FreePort(t testing.TB) int { return freePort(t) }
 
-// redisServer is a redis-server on port that keeps nothing on disk.
-func redisServer(bin string, port int) *Private {
-	return &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), argv: []string{bin, "--port", strconv.Itoa(port),
+// redisServer is a redis-server on port that keeps nothing on disk, a
+// child of test t.
+func redisServer(t testing.TB, bin string, port int) *Private {
+	return &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), owner: t, argv: []string{bin, "--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}}
 }
 
 // Start restarts the server on its address (after Kill) and waits until it
-// answers.
+// answers. It stays a child of the test that made it, whichever test
+// restarts it.
 func (p *Private) Start(t testing.TB) {
 	t.Helper()
 	Must(t, p.startRedis(), "restart private redis-server")
@@ -108,7 +123,7 @@ func (p *Private) Start(t testing.TB) {
 // startRedis runs the server and waits until this very process answers on
 // Addr (its INFO process_id), not some other server that holds the port.
 func (p *Private) startRedis() error {
-	cmd := exec.Command(p.argv[0], p.argv[1:]...)
+	cmd := Command(p.owner, p.argv[0], p.argv[1:]...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.argv[0], err)
 	}
@@ -133,7 +148,7 @@ func (p *Private) startRedis() error {
 		}
 		if time.Now().After(deadline) {
 			p.Kill()
-			return fmt.Errorf("redis-server on %s did not answer within a minute (last: pid %d, %v)", p.Addr, pid, err)
+			return fmt.Errorf("redis-server on %s %w within a minute (last: pid %d, %v)", p.Addr, errNoAnswer, pid, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -175,10 +190,14 @@ func PrivateMariaDB(t testing.TB) (*Private, string) {
 	install := needBinary(t, "mariadb-install-db")
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
-	out, err := exec.Command(install, "--no-defaults", "--datadir="+data,
+	// A few seconds; bounded so that a stuck install fails the test, not
+	// the package's -timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := CommandContext(ctx, t, install, "--no-defaults", "--datadir="+data,
 		"--auth-root-authentication-method=normal", "--skip-test-db").CombinedOutput()
 	if err != nil {
-		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
+		t.Fatalf("mariadb-install-db (bound 2m): %v\n%s", err, out)
 	}
 	port := freePort(t)
 	argv := []string{bin, "--no-defaults", "--datadir=" + data, "--port=" + strconv.Itoa(port),
@@ -187,8 +206,8 @@ func PrivateMariaDB(t testing.TB) (*Private, string) {
 	if os.Geteuid() == 0 {
 		argv = append(argv, "--user=root")
 	}
-	p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), argv: argv}
-	p.cmd = exec.Command(argv[0], argv[1:]...)
+	p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), owner: t, argv: argv}
+	p.cmd = Command(t, argv[0], argv[1:]...)
 	Must(t, p.cmd.Start(), "start mariadbd")
 	t.Cleanup(p.Kill)
 	dsn := fmt.Sprintf("root@tcp(%s)/", p.Addr)

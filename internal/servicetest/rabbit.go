@@ -2,6 +2,7 @@ package servicetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -37,6 +38,9 @@ func StartRabbit(t testing.TB, firstPort int) *RabbitNode {
 			return n
 		}
 		errs = append(errs, fmt.Sprintf("port %d: %v", port, err))
+		if errors.Is(err, errNoAnswer) {
+			break // not a lost port: another try would wait as long again
+		}
 	}
 	t.Fatalf("own RabbitMQ node did not start: %s", strings.Join(errs, "; "))
 	return nil
@@ -63,7 +67,7 @@ func startRabbit(t testing.TB, port int) (*RabbitNode, error) {
 	}
 	_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Chmod(p, 0o777) })
 	n := &RabbitNode{Name: fmt.Sprintf("seckill-test-%d@localhost", port), URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), dir: dir}
-	cmd := exec.Command("rabbitmq-server")
+	cmd := Command(t, "rabbitmq-server")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"RABBITMQ_NODENAME="+n.Name,
@@ -87,7 +91,9 @@ func startRabbit(t testing.TB, port int) (*RabbitNode, error) {
 	stop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		_ = exec.CommandContext(ctx, "rabbitmqctl", "-n", n.Name, "stop").Run()
+		// The node runs under su -c, in a session of its own: the
+		// helper's group kill does not reach it, this stop does.
+		_ = CommandContext(ctx, t, "rabbitmqctl", "-n", n.Name, "stop").Run()
 		select {
 		case <-exited:
 		case <-time.After(30 * time.Second):
@@ -112,7 +118,7 @@ func startRabbit(t testing.TB, port int) (*RabbitNode, error) {
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return nil, fmt.Errorf("no AMQP listener after 2m")
+			return nil, fmt.Errorf("%w: no AMQP listener after 2m", errNoAnswer)
 		}
 	}
 }
@@ -129,7 +135,7 @@ func (n *RabbitNode) Ctl(t testing.TB, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-n", n.Name}, args...)...).CombinedOutput()
+	out, err := CommandContext(ctx, t, "rabbitmqctl", append([]string{"-n", n.Name}, args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}

@@ -1,6 +1,7 @@
 package servicetest
 
 import (
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -19,9 +20,12 @@ func StartRedis(t testing.TB, firstPort int) string {
 	}
 	var errs []string
 	for port := firstPort; port < firstPort+20; port++ {
-		p := redisServer(bin, port)
+		p := redisServer(t, bin, port)
 		if err := p.startRedis(); err != nil {
 			errs = append(errs, err.Error()) // port taken: try the next
+			if errors.Is(err, errNoAnswer) {
+				break // not a lost port: another try would wait as long again
+			}
 			continue
 		}
 		t.Cleanup(p.Kill)

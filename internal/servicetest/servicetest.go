@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -53,6 +54,14 @@ func unavailable(t testing.TB, what string, err error) {
 		t.Fatalf("%s unavailable (CI requires it): %v", what, err)
 	}
 	t.Skipf("%s unavailable: %v", what, err)
+}
+
+// hostOf is the host part of a service URL, for messages (no credentials).
+func hostOf(rawURL string) string {
+	if u, err := url.Parse(rawURL); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return "(unparsed url)"
 }
 
 // Name returns a short unique name for isolating one test: letters, digits, '_'.
@@ -116,7 +125,7 @@ func RedisAt(t testing.TB, rawURL string) (redis.UniversalClient, string) {
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		_ = rdb.Close()
-		unavailable(t, "redis", err)
+		unavailable(t, "redis at "+hostOf(rawURL), err)
 	}
 	prefix := Name(t) + ":"
 	t.Cleanup(func() {
@@ -148,7 +157,7 @@ func MySQLDSN(t testing.TB) string {
 	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
-		unavailable(t, "mysql", err)
+		unavailable(t, "mysql at "+cfg.Addr, err)
 	}
 	name := Name(t)
 	if _, err := db.ExecContext(ctx, "CREATE DATABASE `"+name+"`"); err != nil {
@@ -170,9 +179,11 @@ func MySQLDSN(t testing.TB) string {
 // queues and exchanges list the suffixes the test declares (e.g. ".orders").
 func AMQPPrefix(t testing.TB, queues, exchanges []string) string {
 	t.Helper()
-	conn, err := amqp.Dial(AMQPURL())
+	// A broker that accepts and does not answer is unavailable in
+	// seconds (amqp.Dial would give its handshake 30 s).
+	conn, err := amqp.DialConfig(AMQPURL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 	if err != nil {
-		unavailable(t, "rabbitmq", err)
+		unavailable(t, "rabbitmq at "+hostOf(AMQPURL()), err)
 	}
 	_ = conn.Close()
 	prefix := Name(t)

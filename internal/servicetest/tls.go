@@ -9,11 +9,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -69,8 +69,12 @@ func StartTLSCluster(t testing.TB) *TLSRedis {
 	args := append([]string{"--tls", "--cacert", r.CAFile, "--cert", r.CertFile, "--key", r.KeyFile,
 		"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create over TLS: %v\n%s", err, out)
+	// Seconds; redis-cli has no timeout of its own (it waits forever for
+	// nodes that never meet).
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := CommandContext(ctx, t, cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create over TLS (bound 1m): %v\n%s", err, out)
 	}
 	// Usable once every node has the whole slot map and every replica
 	// synced its master (over TLS).
@@ -249,13 +253,16 @@ func (r *TLSRedis) startNode(t testing.TB, ip string, extra []string, configFile
 	var errs []string
 	for range 5 {
 		port := freePortOn(t, ip)
-		p := &Private{Addr: net.JoinHostPort(ip, strconv.Itoa(port)), tls: r.ClientTLS()}
+		p := &Private{Addr: net.JoinHostPort(ip, strconv.Itoa(port)), owner: t, tls: r.ClientTLS()}
 		argv := append(append([]string{"redis-server"}, configFile...), "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", ip,
 			"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", r.CAFile,
 			"--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", r.dir)
 		p.argv = append(argv, extra...)
 		if err := p.startRedis(); err != nil {
 			errs = append(errs, err.Error()) // port taken meanwhile: another
+			if errors.Is(err, errNoAnswer) {
+				break // not a lost port: another try would wait as long again
+			}
 			continue
 		}
 		t.Cleanup(p.Kill)

@@ -275,11 +275,20 @@ func (d *Drainer) unacked(ctx context.Context) (int, bool, error) {
 			vhost = v
 		}
 	}
-	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	const bound = 20 * time.Second
+	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	out, err := exec.CommandContext(cctx, d.Rabbitmqctl, "list_queues", "-p", vhost, "--quiet", "--no-table-headers",
-		"name", "messages_unacknowledged").Output()
+	cmd := exec.CommandContext(cctx, d.Rabbitmqctl, "list_queues", "-p", vhost, "--quiet", "--no-table-headers",
+		"name", "messages_unacknowledged")
+	// The context's kill ends rabbitmqctl, not a helper the Erlang VM
+	// started that may still hold its stdout: without WaitDelay, Output
+	// would wait for that one too.
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.Output()
 	if err != nil {
+		if cctx.Err() != nil && ctx.Err() == nil {
+			return -1, false, fmt.Errorf("rabbitmqctl list_queues: no answer within %v: %w", bound, err)
+		}
 		return -1, false, fmt.Errorf("rabbitmqctl list_queues: %w", err)
 	}
 	total := 0

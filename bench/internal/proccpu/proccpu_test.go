@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/seckill/seckill/internal/servicetest"
 )
 
 // burnEnv makes the test binary a child that burns a known amount of CPU:
@@ -70,7 +71,7 @@ func burn(spec string) {
 // child starts a burner; write "go\n" to its stdin to start the burn.
 func child(t *testing.T, amount time.Duration, threads int) (pid int, in io.WriteCloser, out *bufio.Reader) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := servicetest.Command(t, os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d/%d", burnEnv, amount, threads))
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -137,7 +138,7 @@ func TestProcessCountsBurnedCPU(t *testing.T) {
 // TestGoneProcessIsReported: a process that exits inside the window is an
 // error of its group, not a zero.
 func TestGoneProcessIsReported(t *testing.T) {
-	cmd := exec.Command("sleep", "60")
+	cmd := servicetest.Command(t, "sleep", "60")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

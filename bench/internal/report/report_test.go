@@ -15,6 +15,7 @@ import (
 
 	"github.com/seckill/seckill/bench/internal/load"
 	"github.com/seckill/seckill/internal/redisnodes"
+	"github.com/seckill/seckill/internal/servicetest"
 	"github.com/seckill/seckill/internal/verify"
 )
 
@@ -195,7 +196,7 @@ func TestHTMLRendersInChromium(t *testing.T) {
 		"--disable-dev-shm-usage", "--user-data-dir=" + filepath.Join(dir, "profile")}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, append(args, "--dump-dom", "file://"+page)...).Output()
+	out, err := servicetest.CommandContext(ctx, t, bin, append(args, "--dump-dom", "file://"+page)...).Output()
 	if err != nil {
 		t.Fatalf("chromium --dump-dom: %v", err)
 	}
@@ -225,7 +226,7 @@ func TestHTMLRendersInChromium(t *testing.T) {
 	if p := os.Getenv("BENCH_SCREENSHOT"); p != "" {
 		shot = p
 	}
-	cmd := exec.CommandContext(ctx, bin, append(args, "--screenshot="+shot, "--window-size=1200,1400", "file://"+page)...)
+	cmd := servicetest.CommandContext(ctx, t, bin, append(args, "--screenshot="+shot, "--window-size=1200,1400", "file://"+page)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("chromium --screenshot: %v\n%s", err, out)
 	}

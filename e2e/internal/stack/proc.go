@@ -6,12 +6,12 @@
 package stack
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -44,10 +44,15 @@ func Binary(t testing.TB, name string) string {
 	if built[name] {
 		return out
 	}
-	cmd := exec.Command("go", "build", "-o", out, "github.com/seckill/seckill/"+name)
+	// Seconds with a warm build cache; the bound keeps a stuck build from
+	// running into the package's -timeout.
+	const bound = 5 * time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	cmd := servicetest.CommandContext(ctx, t, "go", "build", "-o", out, "github.com/seckill/seckill/"+name)
 	cmd.Dir = moduleRoot(t)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build %s: %v\n%s", name, err, b)
+		t.Fatalf("build %s (bound %v): %v\n%s", name, bound, err, b)
 	}
 	built[name] = true
 	return out
@@ -85,6 +90,7 @@ type Proc struct {
 	Addr string // listen address (host:port)
 	// AdminAddr is a proxy's admin listener (Addr is its forwarding one).
 	AdminAddr string
+	owner     testing.TB // NewProc's test: every run is its child
 	bin       string
 	args      []string
 	env       []string
@@ -97,7 +103,7 @@ type Proc struct {
 	pick   func(testing.TB) string // FreeAddr; a test's own to force a lost port
 
 	mu     sync.Mutex
-	cmd    *exec.Cmd
+	cmd    *servicetest.Cmd
 	exited chan struct{}
 	err    error // of the last exit
 	file   *os.File
@@ -109,11 +115,9 @@ type Proc struct {
 // NewProc prepares a process; Start runs it. It is stopped (SIGTERM, then
 // SIGKILL) when the test ends, and its log is shown if the test failed.
 func NewProc(t testing.TB, bin, name, addr, logDir string, env []string, args ...string) *Proc {
-	p := &Proc{Name: name, Addr: addr, bin: bin, args: args, env: env, log: filepath.Join(logDir, name+".log")}
+	p := &Proc{Name: name, Addr: addr, owner: t, bin: bin, args: args, env: env, log: filepath.Join(logDir, name+".log")}
+	// Runs last, after every run's stop (registered by start).
 	t.Cleanup(func() {
-		if err := p.Stop(30 * time.Second); err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
 		if t.Failed() {
 			if b, err := os.ReadFile(p.log); err == nil {
 				t.Logf("--- %s log (last 6 KiB):\n%s", name, tail(b, 6<<10))
@@ -198,7 +202,16 @@ func (p *Proc) start(t testing.TB, fresh bool, extraEnv []string) {
 		p.mark = fi.Size()
 	}
 	p.extra = append([]string(nil), extraEnv...)
-	cmd := exec.Command(p.bin, p.args...)
+	// A child of NewProc's test, whichever (sub)test restarts it; the
+	// helper kills it when that test ends, so the graceful stop is
+	// registered after it (t.Cleanup is LIFO) and runs first: each run's
+	// stop, as a start made it, finds the current run.
+	cmd := servicetest.Command(p.owner, p.bin, p.args...)
+	p.owner.Cleanup(func() {
+		if err := p.Stop(30 * time.Second); err != nil {
+			p.owner.Errorf("%s: %v", p.Name, err)
+		}
+	})
 	cmd.Env = append(append(append([]string{}, p.env...), p.listenEnv(t, fresh)...), extraEnv...)
 	cmd.Stdout, cmd.Stderr = p.file, p.file
 	servicetest.Must(t, cmd.Start(), "start %s", p.Name)
