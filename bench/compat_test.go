@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/seckill/seckill/internal/servicetest"
 )
 
 // helperEnv makes the test binary act as bin/bench (TestMain): the flag
@@ -27,7 +29,7 @@ func sh(t *testing.T, script string, env ...string) string {
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("no bash")
 	}
-	cmd := exec.Command("bash", "-c", "set -euo pipefail; source ./compat.sh; "+script)
+	cmd := servicetest.Command(t, "bash", "-c", "set -euo pipefail; source ./compat.sh; "+script)
 	cmd.Env = append(os.Environ(), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

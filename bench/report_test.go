@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/seckill/seckill/internal/servicetest"
 )
 
 // build is one build's figures for the fixture of bench/report.py.
@@ -99,7 +101,7 @@ func runReport(t *testing.T, dirs ...string) (string, reportJSON) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("no python3 (make bench needs it)")
 	}
-	cmd := exec.Command("python3", append([]string{"report.py"}, dirs...)...)
+	cmd := servicetest.Command(t, "python3", append([]string{"report.py"}, dirs...)...)
 	cmd.Env = append(os.Environ(), "BENCH_NEW_LABEL=newlabel", "BENCH_BASE_LABEL=baselabel")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

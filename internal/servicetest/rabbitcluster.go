@@ -67,7 +67,11 @@ func (c *RabbitCluster) script(args ...string) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	// Not Command: the nodes the script starts detach but stay in its
+	// process group, which Command kills when the script exits. WaitDelay:
+	// a detached node that kept the script's output open cannot hold Wait.
 	cmd := exec.CommandContext(ctx, "bash", append([]string{rabbitScript()}, args...)...)
+	cmd.WaitDelay = childWaitDelay
 	cmd.Env = append(append(os.Environ(), "RABBIT_DIR="+c.Dir), env...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err

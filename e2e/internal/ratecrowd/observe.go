@@ -130,7 +130,7 @@ func Add(ms ...Metrics) Metrics {
 type Pinger struct {
 	stop chan struct{}
 	done chan struct{}
-	cli  *exec.Cmd
+	cli  *servicetest.Cmd
 	out  bytes.Buffer
 	mu   sync.Mutex
 	res  PingStats
@@ -178,7 +178,7 @@ func StartPinger(t testing.TB, addr string) *Pinger {
 	p := &Pinger{stop: make(chan struct{}), done: make(chan struct{})}
 	if bin, err := exec.LookPath("redis-cli"); err == nil {
 		if host, port, err := net.SplitHostPort(addr); err == nil {
-			p.cli = exec.Command(bin, "-h", host, "-p", port, "--latency", "--raw")
+			p.cli = servicetest.Command(t, bin, "-h", host, "-p", port, "--latency", "--raw")
 			p.cli.Stdout = &p.out
 			if p.cli.Start() != nil {
 				p.cli = nil
