@@ -62,7 +62,9 @@ for o, op in ipairs(ops) do
   local ok = true
   for _, x in ipairs(op.w) do
     if count[x.k] == nil then
-      count[x.k] = redis.call('ZCOUNT', KEYS[x.k], '(' .. (now - x.win), '+inf')
+      -- string.format, not ..: Lua's own number-to-string keeps 14
+      -- digits, and µs since 1970 have 16
+      count[x.k] = redis.call('ZCOUNT', KEYS[x.k], string.format('(%.0f', now - x.win), '+inf')
       fresh[x.k] = count[x.k] == 0
     end
     if x.limit - count[x.k] < op.weight then ok = false end
