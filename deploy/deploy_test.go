@@ -92,7 +92,7 @@ func TestAlertRulesCoverTheKit(t *testing.T) {
 	}
 	for alert, metric := range map[string]string{
 		"SeckillLimiterDegraded":       "seckill_proxy_degraded",
-		"SeckillLeaseUnderAdmission":   "seckill_proxy_lease_returned_slots_total",
+		"SeckillLimiterShedding":       "seckill_proxy_limiter_shed_total",
 		"SeckillReconcileDrift":        "seckill_reconcile_sold_drift",
 		"SeckillReconcileUnsafe":       "seckill_reconcile_unsafe",
 		"SeckillDeadLetters":           "seckill_worker_dead_lettered_total",
