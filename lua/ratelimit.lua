@@ -46,12 +46,20 @@ if #ops == 0 then return redis.error_reply('ERR ratelimit: no op') end
 
 -- Once per key and call: count what still counts (ZCOUNT; what slid out is
 -- dropped only where this call writes). Members this call writes are the
--- newest, so the ranks read below never move.
-local count, fresh, pruned, scores, expire = {}, {}, {}, {}, {}
-local function scoreAt(k, rank)
-  local key = k .. ':' .. rank
+-- newest, so the live ranks read below never move.
+local count, fresh, pruned, dead, scores, expire = {}, {}, {}, {}, {}, {}
+-- liveScore: the score of the r-th (oldest first, 0-based) member that still
+-- counts. Cached by that rank, which pruning does not move; the members that
+-- slid out but are not pruned yet are counted once per key.
+local function liveScore(x, r)
+  local key = x.k .. ':' .. r
   if scores[key] == nil then
-    scores[key] = tonumber(redis.call('ZRANGE', KEYS[k], rank, rank, 'WITHSCORES')[2])
+    local d = 0
+    if not pruned[x.k] then
+      if dead[x.k] == nil then dead[x.k] = redis.call('ZCOUNT', KEYS[x.k], '-inf', now - x.win) end
+      d = dead[x.k]
+    end
+    scores[key] = tonumber(redis.call('ZRANGE', KEYS[x.k], d + r, d + r, 'WITHSCORES')[2])
   end
   return scores[key]
 end
@@ -91,19 +99,13 @@ for o, op in ipairs(ops) do
     if full and op.weight > x.limit then
       out[#out + 1] = x.win / 1000
     elseif full then -- the op fits once c - limit + weight members slid out
-      -- (ranks count from the oldest that still counts: expired ones are
-      -- gone where this call wrote, and scored below now - window else)
-      local dead = 0
-      if not pruned[x.k] then dead = redis.call('ZCOUNT', KEYS[x.k], '-inf', now - x.win) end
-      out[#out + 1] = ms(scoreAt(x.k, dead + c - x.limit + op.weight - 1) + x.win - now)
+      out[#out + 1] = ms(liveScore(x, c - x.limit + op.weight - 1) + x.win - now)
     elseif c == 0 then
       out[#out + 1] = 0
     elseif fresh[x.k] then -- its oldest counting member is this call's
       out[#out + 1] = x.win / 1000
     else
-      local dead = 0
-      if not pruned[x.k] then dead = redis.call('ZCOUNT', KEYS[x.k], '-inf', now - x.win) end
-      out[#out + 1] = ms(scoreAt(x.k, dead) + x.win - now)
+      out[#out + 1] = ms(liveScore(x, 0) + x.win - now)
     end
   end
 end

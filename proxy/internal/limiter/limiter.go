@@ -139,7 +139,7 @@ func (l *Limiter) Check(rs *Rules, req Request, d *Decision) {
 		return
 	}
 	l.m.decided.Add(1)
-	if l.collect(rs, req, d, false) {
+	if l.collect(req, d, false) {
 		if !l.decide(d, false) {
 			return
 		}
@@ -149,7 +149,7 @@ func (l *Limiter) Check(rs *Rules, req Request, d *Decision) {
 			}
 		}
 	}
-	if l.collect(rs, req, d, true) && l.decide(d, true) {
+	if l.collect(req, d, true) && l.decide(d, true) {
 		for _, r := range d.matched {
 			if r.Shadow {
 				r.admitted.inc()
@@ -160,7 +160,7 @@ func (l *Limiter) Check(rs *Rules, req Request, d *Decision) {
 
 // collect fills d.ents with the windows of the matched rules of one pass;
 // false when there are none.
-func (l *Limiter) collect(rs *Rules, req Request, d *Decision, shadow bool) bool {
+func (l *Limiter) collect(req Request, d *Decision, shadow bool) bool {
 	d.ents, d.keys = d.ents[:0], d.keys[:0]
 	for _, r := range d.matched {
 		if r.Shadow != shadow {
