@@ -65,10 +65,13 @@ func StartSentinel(t testing.TB, firstPort int) *Engine {
 	return startEngine(t, "sentinel", firstPort)
 }
 
-func enginesScript() string {
+// repoScript is the path of scripts/<name> in this repository.
+func repoScript(name string) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "scripts", "redis-engines.sh")
+	return filepath.Join(filepath.Dir(file), "..", "..", "scripts", name)
 }
+
+func enginesScript() string { return repoScript("redis-engines.sh") }
 
 func startEngine(t testing.TB, kind string, firstPort int) *Engine {
 	t.Helper()

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,10 +21,7 @@ type RabbitCluster struct {
 	Started time.Duration
 }
 
-func rabbitScript() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "scripts", "rabbit-cluster.sh")
-}
+func rabbitScript() string { return repoScript("rabbit-cluster.sh") }
 
 // StartRabbitCluster starts the cluster on the first free run of ports from
 // firstPort and stops it when the test ends. Without rabbitmq-server the
