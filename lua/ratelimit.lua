@@ -7,63 +7,90 @@
 -- nothing is written. So every interval of a window's length holds at most
 -- `limit` members (docs/limiter.md). On a cluster all KEYS share a hash tag.
 --
+-- Leases: an admitted op may also ask, per window, for up to `lease` more
+-- slots that its instance then spends locally until now + spend. They are
+-- members "<instance>:<seq>:<op>:l<j>" scored at that end of the spending
+-- time, so each counts from no earlier than any hit spent from it (every
+-- interval holding a spent hit and the decision that granted it holds the
+-- member too). Granted only while the window stays far from its limit:
+-- g slots when at least 2 x live x g stay free, so slots an instance leaves
+-- unspent never cost much of a window near its limit.
+--
 -- KEYS   the window logs, each named once
--- ARGV   instance id, call sequence, then per op: weight >= 1, n >= 1, then
---        n x (key index, limit >= 1, window_ms >= 1)
+-- ARGV   instance id, call sequence, live instances >= 1, spend_ms >= 1,
+--        then per op: weight >= 0 (0: a lease alone), n >= 1, then
+--        n x (key index, limit >= 1, window_ms >= 1, lease >= 0)
 -- Returns {now_us, per op: admitted 1/0, per window: full, remaining,
---   reset_ms}: full when fewer than `weight` slots were free (this window
---   refused); reset_ms for a full window until the weight fits (window_ms
---   when weight > limit: never), else until the oldest member slides out
---   (0: empty). Malformed ARGV is refused before any write.
+--   reset_ms, leased}: full when fewer than `weight` slots were free (this
+--   window refused); remaining after the op and its lease; reset_ms for a
+--   full window until the weight fits (window_ms when weight > limit:
+--   never), else until the oldest member slides out (0: empty); leased: the
+--   slots granted. Malformed ARGV is refused before any write.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local prefix = ARGV[1] .. ':' .. ARGV[2] .. ':'
 
-local function int(v)
+local function int(v, least)
   local x = tonumber(v)
-  if x and x >= 1 and x == math.floor(x) then return x end
+  if x and x >= (least or 1) and x == math.floor(x) then return x end
 end
 
-local ops, a = {}, 3
+local live, spend = int(ARGV[3]), int(ARGV[4])
+if not (live and spend) then return redis.error_reply('ERR ratelimit: bad live/spend') end
+spend = spend * 1000
+local ops, a = {}, 5
 while a <= #ARGV do
-  local op = {weight = int(ARGV[a]), n = int(ARGV[a + 1]), w = {}}
-  if not (op.weight and op.n) or a + 1 + 3 * op.n > #ARGV then
+  local op = {weight = int(ARGV[a], 0), n = int(ARGV[a + 1]), w = {}}
+  if not (op.weight and op.n) or a + 1 + 4 * op.n > #ARGV then
     return redis.error_reply('ERR ratelimit: bad weight/count of op ' .. (#ops + 1))
   end
   for i = 1, op.n do
-    local b = a + 2 + 3 * (i - 1)
-    local x = {k = int(ARGV[b]), limit = int(ARGV[b + 1]), win = int(ARGV[b + 2])}
-    if not (x.k and x.limit and x.win) or x.k > #KEYS then
-      return redis.error_reply('ERR ratelimit: bad key/limit/window ' .. i .. ' of op ' .. (#ops + 1))
+    local b = a + 2 + 4 * (i - 1)
+    local x = {k = int(ARGV[b]), limit = int(ARGV[b + 1]), win = int(ARGV[b + 2]), lease = int(ARGV[b + 3], 0)}
+    if not (x.k and x.limit and x.win and x.lease) or x.k > #KEYS then
+      return redis.error_reply('ERR ratelimit: bad key/limit/window/lease ' .. i .. ' of op ' .. (#ops + 1))
     end
     x.win = x.win * 1000
     op.w[i] = x
   end
   ops[#ops + 1] = op
-  a = a + 2 + 3 * op.n
+  a = a + 2 + 4 * op.n
 end
 if #ops == 0 then return redis.error_reply('ERR ratelimit: no op') end
 
 -- Once per key and call: count what still counts (ZCOUNT; what slid out is
--- dropped only where this call writes). Members this call writes are the
--- newest, so the live ranks read below never move.
+-- dropped only where this call writes).
 local count, fresh, pruned, dead, scores, expire = {}, {}, {}, {}, {}, {}
 -- liveScore: the score of the r-th (oldest first, 0-based) member that still
--- counts. Cached by that rank, which pruning does not move; the members that
--- slid out but are not pruned yet are counted once per key.
+-- counts. Cached by that rank, which pruning does not move; a write at now
+-- moves only the ranks of members scored after now (leases), so it drops
+-- those (stale). The members that slid out but are not pruned yet are
+-- counted once per key.
 local function liveScore(x, r)
-  local key = x.k .. ':' .. r
-  if scores[key] == nil then
+  local sk = scores[x.k]
+  if sk == nil then
+    sk = {}
+    scores[x.k] = sk
+  end
+  if sk[r] == nil then
     local d = 0
     if not pruned[x.k] then
       if dead[x.k] == nil then dead[x.k] = redis.call('ZCOUNT', KEYS[x.k], '-inf', now - x.win) end
       d = dead[x.k]
     end
-    scores[key] = tonumber(redis.call('ZRANGE', KEYS[x.k], d + r, d + r, 'WITHSCORES')[2])
+    sk[r] = tonumber(redis.call('ZRANGE', KEYS[x.k], d + r, d + r, 'WITHSCORES')[2])
   end
-  return scores[key]
+  return sk[r]
 end
 local function ms(us) return math.max(0, math.ceil(us / 1000)) end
+local function moved(k)
+  local sk = scores[k]
+  if sk then
+    for r, v in pairs(sk) do
+      if v > now then sk[r] = nil end
+    end
+  end
+end
 
 local out = {now}
 for o, op in ipairs(ops) do
@@ -84,13 +111,31 @@ for o, op in ipairs(ops) do
         redis.call('ZREMRANGEBYSCORE', KEYS[x.k], '-inf', now - x.win)
         pruned[x.k] = true
       end
-      local args, p = {}, prefix .. o .. ':'
-      for j = 1, op.weight do
-        args[2 * j - 1], args[2 * j] = now, p .. j
+      if op.weight > 0 then
+        local args, p = {}, prefix .. o .. ':'
+        for j = 1, op.weight do
+          args[2 * j - 1], args[2 * j] = now, p .. j
+        end
+        redis.call('ZADD', KEYS[x.k], unpack(args))
+        moved(x.k)
+        count[x.k] = count[x.k] + op.weight
       end
-      redis.call('ZADD', KEYS[x.k], unpack(args))
-      count[x.k] = count[x.k] + op.weight
       expire[x.k] = math.max(expire[x.k] or 0, x.win)
+    end
+    local leased = 0
+    if ok and x.lease > 0 then
+      -- at most 512: a call writes them all at once while Redis waits
+      leased = math.min(x.lease, 512, math.floor((x.limit - count[x.k]) / (2 * live)))
+      if leased > 0 then
+        local largs, p = {}, prefix .. o .. ':l'
+        for j = 1, leased do
+          largs[2 * j - 1], largs[2 * j] = now + spend, p .. j
+        end
+        redis.call('ZADD', KEYS[x.k], unpack(largs))
+        moved(x.k)
+        count[x.k] = count[x.k] + leased
+        expire[x.k] = math.max(expire[x.k], x.win + spend)
+      end
     end
     local c = count[x.k]
     local full = not ok and x.limit - c < op.weight
@@ -99,7 +144,12 @@ for o, op in ipairs(ops) do
     if full and op.weight > x.limit then
       out[#out + 1] = x.win / 1000
     elseif full then -- the op fits once c - limit + weight members slid out
-      out[#out + 1] = ms(liveScore(x, c - x.limit + op.weight - 1) + x.win - now)
+      local r = ms(liveScore(x, c - x.limit + op.weight - 1) + x.win - now)
+      -- or once the slots leased here come back unspent: when the newest
+      -- spending time ends
+      local newest = liveScore(x, c - 1)
+      if newest > now then r = math.min(r, ms(newest - now) + 1) end
+      out[#out + 1] = r
     elseif c == 0 then
       out[#out + 1] = 0
     elseif fresh[x.k] then -- its oldest counting member is this call's
@@ -107,6 +157,7 @@ for o, op in ipairs(ops) do
     else
       out[#out + 1] = ms(liveScore(x, 0) + x.win - now)
     end
+    out[#out + 1] = leased
   end
 end
 -- A log lives while its newest member counts.

@@ -22,13 +22,13 @@ func TestRateLimitScript(t *testing.T) {
 	keys := []string{a, b}
 	// op 1: weight 2 on a (limit 3) and b (limit 10); op 2: weight 2 on a
 	// alone (only 1 left: refused); op 3: weight 1 on a (the last slot).
-	v, err := RateLimit.Run(ctx, rdb, keys, "i1", 7,
-		2, 2, 1, 3, 2000, 2, 10, 2000,
-		2, 1, 1, 3, 2000,
-		1, 1, 1, 3, 2000).Int64Slice()
+	v, err := RateLimit.Run(ctx, rdb, keys, "i1", 7, 1, 50,
+		2, 2, 1, 3, 2000, 0, 2, 10, 2000, 0,
+		2, 1, 1, 3, 2000, 0,
+		1, 1, 1, 3, 2000, 0).Int64Slice()
 	servicetest.Must(t, err, "run")
 	now := v[0]
-	want := []int64{now, 1, 0, 1, 2000, 0, 8, 2000, 0, 1, 1, 2000, 1, 0, 0, 2000}
+	want := []int64{now, 1, 0, 1, 2000, 0, 0, 8, 2000, 0, 0, 1, 1, 2000, 0, 1, 0, 0, 2000, 0}
 	if len(v) != len(want) {
 		t.Fatalf("reply %v, want %v", v, want)
 	}
@@ -55,19 +55,21 @@ func TestRateLimitScript(t *testing.T) {
 	// (all three must go) the same moment, all share it; weight 4 > limit:
 	// the window (never).
 	time.Sleep(50 * time.Millisecond)
-	v, err = RateLimit.Run(ctx, rdb, keys[:1], "i2", 1, 1, 1, 1, 3, 2000, 4, 1, 1, 3, 2000).Int64Slice()
+	v, err = RateLimit.Run(ctx, rdb, keys[:1], "i2", 1, 1, 50, 1, 1, 1, 3, 2000, 0, 4, 1, 1, 3, 2000, 0).Int64Slice()
 	servicetest.Must(t, err, "full")
-	if v[1] != 0 || v[2] != 1 || v[3] != 0 || v[4] > 1950 || v[4] < 1500 || v[5] != 0 || v[6] != 1 || v[8] != 2000 {
+	if v[1] != 0 || v[2] != 1 || v[3] != 0 || v[4] > 1950 || v[4] < 1500 || v[6] != 0 || v[7] != 1 || v[9] != 2000 {
 		t.Fatalf("full window: %v, want refused, reset within ~1950ms; weight 4 refused with reset 2000", v)
 	}
 	// Malformed calls are refused and write nothing.
 	for _, args := range [][]any{
-		{"i3", 1},                      // no op
-		{"i3", 1, 0, 1, 1, 3, 2000},    // weight 0
-		{"i3", 1, 1, 1, 3, 3, 2000},    // key index past KEYS
-		{"i3", 1, 1, 1, 1, 0, 2000},    // limit 0
-		{"i3", 1, 1, 2, 1, 3, 2000},    // a window short
-		{"i3", 1, 1, 1, 1, 3, "2000x"}, // not a number
+		{"i3", 1, 1, 50},                         // no op
+		{"i3", 1, 0, 50, 1, 1, 1, 3, 2000, 0},    // live 0
+		{"i3", 1, 1, 50, -1, 1, 1, 3, 2000, 0},   // weight < 0
+		{"i3", 1, 1, 50, 1, 1, 3, 3, 2000, 0},    // key index past KEYS
+		{"i3", 1, 1, 50, 1, 1, 1, 0, 2000, 0},    // limit 0
+		{"i3", 1, 1, 50, 1, 1, 1, 3, 2000, -1},   // lease < 0
+		{"i3", 1, 1, 50, 1, 2, 1, 3, 2000, 0},    // a window short
+		{"i3", 1, 1, 50, 1, 1, 1, 3, "2000x", 0}, // not a number
 	} {
 		if err := RateLimit.Run(ctx, rdb, keys[:1], args...).Err(); err == nil || !strings.Contains(err.Error(), "ratelimit:") {
 			t.Errorf("%v: err %v, want a ratelimit error", args, err)
@@ -75,5 +77,79 @@ func TestRateLimitScript(t *testing.T) {
 	}
 	if n := rdb.ZCard(ctx, a).Val(); n != 3 {
 		t.Fatalf("%d members after refused calls, want 3", n)
+	}
+}
+
+// Leases: granted only to an admitted op, at most what keeps 2 x live x
+// lease free, scored at the end of the spending time; they count (remaining,
+// later refusals) like any hit, but a window full while leased slots may
+// still come back resets at the end of their spending time.
+func TestRateLimitLeases(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	ctx := context.Background()
+	a := prefix + "{rl:g:l}:x"
+	// live 2, spend 50 ms, limit 100: op 1 asks 50, gets floor(99/4) = 24;
+	// op 2 asks 50, gets floor(74/4) = 18; op 3 (weight 200) is refused and
+	// gets none.
+	v, err := RateLimit.Run(ctx, rdb, []string{a}, "i1", 3, 2, 50,
+		1, 1, 1, 100, 2000, 50,
+		1, 1, 1, 100, 2000, 50,
+		200, 1, 1, 100, 2000, 50).Int64Slice()
+	servicetest.Must(t, err, "run")
+	now := v[0]
+	want := []int64{now, 1, 0, 75, 2000, 24, 1, 0, 56, 2000, 18, 0, 1, 56, 2000, 0}
+	if len(v) != len(want) {
+		t.Fatalf("reply %v, want %v", v, want)
+	}
+	for i := range want {
+		if v[i] != want[i] {
+			t.Fatalf("reply %v, want %v", v, want)
+		}
+	}
+	zs := rdb.ZRangeWithScores(ctx, a, 0, -1).Val()
+	leased := 0
+	for _, z := range zs {
+		name := z.Member.(string)
+		switch {
+		case strings.Contains(name, ":l"):
+			leased++
+			if int64(z.Score) != now+50000 {
+				t.Fatalf("lease member %s scored %v, want the end of the spending time %d", name, z.Score, now+50000)
+			}
+		case int64(z.Score) != now:
+			t.Fatalf("member %s scored %v, want %d", name, z.Score, now)
+		}
+	}
+	if leased != 42 || len(zs) != 44 {
+		t.Fatalf("%d members, %d leased; want 44 and 42", len(zs), leased)
+	}
+	if ttl := rdb.PTTL(ctx, a).Val(); ttl < 2900*time.Millisecond || ttl > 3050*time.Millisecond {
+		t.Fatalf("ttl %v, want window + spend + 1s", ttl)
+	}
+	// A lease alone (weight 0): nothing of its own, 14 slots of 56 free.
+	v, err = RateLimit.Run(ctx, rdb, []string{a}, "i1", 5, 2, 50, 0, 1, 1, 100, 2000, 50).Int64Slice()
+	servicetest.Must(t, err, "lease alone")
+	if len(v) != 6 || v[1] != 1 || v[2] != 0 || v[3] != 42 || v[5] != 14 {
+		t.Fatalf("lease alone: %v, want admitted, 42 left, 14 leased", v)
+	}
+
+	// Limit 10, live 1: op 1 leases 4 (5 counted); op 2 (weight 7) refused:
+	// it fits once rank 1 (a lease member) slides out (2050 ms) or once the
+	// lease's unspent slots come back at the end of its spending time: 51 ms;
+	// op 3 (weight 3) admitted at now, sorted before the lease members; op 4
+	// (weight 4) refused: again 51 ms.
+	b := prefix + "{rl:g:m}:x"
+	v, err = RateLimit.Run(ctx, rdb, []string{b}, "i1", 4, 1, 50,
+		1, 1, 1, 10, 2000, 4,
+		7, 1, 1, 10, 2000, 0,
+		3, 1, 1, 10, 2000, 0,
+		4, 1, 1, 10, 2000, 0).Int64Slice()
+	servicetest.Must(t, err, "ranks")
+	want = []int64{v[0], 1, 0, 5, 2000, 4, 0, 1, 5, 51, 0, 1, 0, 2, 2000, 0, 0, 1, 2, 51, 0}
+	for i := range want {
+		if i >= len(v) || v[i] != want[i] {
+			t.Fatalf("reply %v, want %v", v, want)
+		}
 	}
 }

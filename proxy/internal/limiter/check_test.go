@@ -103,14 +103,24 @@ type hold struct {
 	release chan struct{}
 	held    atomic.Int32
 	only    int32 // hold this many calls (the first ones), let the rest through; 0: all
+	ping    bool  // hold PINGs too (a Redis silent to everything)
 }
 
 func (h *hold) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *hold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); (n == "evalsha" || n == "eval") && (h.only == 0 || h.held.Load() < h.only) {
-			h.held.Add(1)
-			<-h.release
+		// held until released or the call's deadline, as a Redis that does
+		// not answer in time holds a call
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && (h.only == 0 || h.held.Load() < h.only) || n == "ping" && h.ping {
+			if n != "ping" {
+				h.held.Add(1)
+			}
+			select {
+			case <-h.release:
+			case <-ctx.Done():
+				cmd.SetErr(ctx.Err())
+				return ctx.Err()
+			}
 		}
 		return next(ctx, cmd)
 	}
@@ -120,15 +130,15 @@ func (h *hold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 }
 
 // The one wait the limiter keeps, forced: every flusher is stuck on a call
-// that outlasts the timeout, so the decisions queued behind them wait. Each
-// of those is shed (503, counted apart) once the timeout passed in the
-// queue, never handed to on_redis_error; the stuck calls' own decisions,
-// whose calls failed, are the fallbacks. Nothing waits past twice the
-// timeout after the calls are let go.
+// that outlasts the timeout (Redis silent: PINGs too), so the decisions
+// queued behind them wait. Each of those is shed (503, counted apart) once
+// the timeout passed in the queue, never handed to on_redis_error; the
+// stuck calls' own decisions, whose calls failed, are the fallbacks.
+// Nothing waits past three times the timeout (its call, then a PING).
 func TestQueuedDecisionShedNotFallback(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := servicetest.RedisNode(t)
-	h := &hold{release: make(chan struct{})}
+	h := &hold{release: make(chan struct{}), ping: true}
 	rdb.AddHook(h)
 	m := NewMetrics(prometheus.NewRegistry())
 	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(5, time.Second)})
@@ -147,9 +157,8 @@ func TestQueuedDecisionShedNotFallback(t *testing.T) {
 	for m.queued.Load() < 8 {
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(timeout + 20*time.Millisecond)
-	released := time.Now()
-	close(h.release)
+	queued := time.Now()
+	defer close(h.release) // never: the calls and PINGs end at their deadlines
 	var shed, degraded int
 	for range flushers + 8 {
 		d := <-out
@@ -162,8 +171,8 @@ func TestQueuedDecisionShedNotFallback(t *testing.T) {
 			t.Fatalf("a decision neither shed nor fallen back: %+v", d)
 		}
 	}
-	if took := time.Since(released); took > 2*timeout {
-		t.Fatalf("decisions ended %v after the release, bound %v", took, 2*timeout)
+	if took := time.Since(queued); took > 3*timeout+50*time.Millisecond {
+		t.Fatalf("decisions ended %v after they queued, bound 3 x %v (call, PING)", took, timeout)
 	}
 	if shed != 8 || degraded != flushers || value(t, m.shed) != 8 || value(t, m.fallbacks) != flushers {
 		t.Fatalf("%d shed, %d fallen back (metrics %v, %v), want 8 and %d", shed, degraded, value(t, m.shed), value(t, m.fallbacks), flushers)
@@ -196,6 +205,31 @@ func TestCallTimeoutWhileRedisAnswersIsShed(t *testing.T) {
 	d := <-held
 	if d.Outcome != Shed || d.Degraded || value(t, m.fallbacks) != 0 || value(t, m.shed.WithLabelValues("call_timeout")) != 1 || l.Degraded() {
 		t.Fatalf("timed-out call while Redis answered: %+v, %v fallbacks, %v shed", d, value(t, m.fallbacks), value(t, m.shed))
+	}
+}
+
+// A call that times out with no other call beside it, while Redis answers
+// a PING, met load too (with leases few calls are in flight): shed, not a
+// fallback, the breaker closed. Forced: the one call held past its deadline.
+func TestLoneCallTimeoutWithRedisAliveIsShed(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.RedisNode(t)
+	h := &hold{release: make(chan struct{}), only: 1}
+	rdb.AddHook(h)
+	m := NewMetrics(prometheus.NewRegistry())
+	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(5, time.Second)})
+	const timeout = 100 * time.Millisecond
+	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: timeout, Instance: "lone", Metrics: m})
+	go func() {
+		for h.held.Load() < 1 {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(timeout + 20*time.Millisecond)
+		close(h.release)
+	}()
+	d := check(l, rs, "10.6.1.1")
+	if d.Outcome != Shed || d.Degraded || value(t, m.fallbacks) != 0 || value(t, m.shed.WithLabelValues("call_timeout")) != 1 || l.Degraded() {
+		t.Fatalf("lone timed-out call, Redis alive: %+v, %v fallbacks, %v shed", d, value(t, m.fallbacks), value(t, m.shed))
 	}
 }
 
@@ -310,8 +344,9 @@ func TestNegativeCacheAllocs(t *testing.T) {
 }
 
 // Decision paths, side by side: a new client's first decision (a Redis
-// call, batched with whoever waits), a known client within its limits, a
-// refusal from the negative cache, and the memory store.
+// call, batched with whoever waits), a known client far from its limits
+// (decided from leases), a refusal from the negative cache, and the memory
+// store.
 func BenchmarkCheck(b *testing.B) {
 	rdb, prefix := servicetest.Redis(b)
 	big := win(10_000_000, time.Second)
@@ -322,7 +357,7 @@ func BenchmarkCheck(b *testing.B) {
 		client func(i int64) string
 	}{
 		{"new-client", true, 5, func(i int64) string { return fmt.Sprint("n", i) }},
-		{"known-client", true, 10_000_000, func(int64) string { return "k" }},
+		{"lease-hit", true, 10_000_000, func(int64) string { return "k" }},
 		{"negative-cache", true, 1, func(int64) string { return "full" }},
 		{"memory-new-client", false, 5, func(i int64) string { return fmt.Sprint("n", i) }},
 	} {

@@ -120,10 +120,14 @@ func (l *Limiter) Run(ctx context.Context) {
 	}
 }
 
-// Sweep drops negative-cache entries that ran out and idle in-process logs.
+// Sweep drops negative-cache entries that ran out, idle leases and idle
+// in-process logs.
 func (l *Limiter) Sweep(now time.Time) {
 	l.eachDenied(func(d *denied) { d.sweep(mono(now)) })
 	l.local.Sweep()
+	if l.redis != nil {
+		l.redis.leases.sweep(mono(now))
+	}
 	if m, ok := l.store.(*Memory); ok {
 		m.Sweep()
 	}

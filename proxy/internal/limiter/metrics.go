@@ -20,6 +20,8 @@ type Metrics struct {
 
 	ok, fail, skipped prometheus.Counter
 	deniedHit         prometheus.Counter
+	leaseHits         prometheus.Counter // windows decided from a lease
+	leased, returned  prometheus.Counter // lease slots granted, given back unspent
 	evicted           prometheus.Counter
 	decided           atomic.Uint64 // decisions that needed the limiter
 	called            atomic.Uint64 // script calls
@@ -49,7 +51,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Per-client negative-cache entries dropped to keep each rule within max_client_states."}),
 	}
 	calls := vec("seckill_proxy_redis_calls_total", "Limiter script calls to Redis by result.", "result")
-	hits := vec("seckill_proxy_local_cache_hits_total", "Windows decided without Redis: denied (the negative cache).", "kind")
+	hits := vec("seckill_proxy_local_cache_hits_total", "Windows decided without Redis: denied (the negative cache), lease (a slot of this instance's lease).", "kind")
 	reg.MustRegister(m.latency, m.batch, m.evicted)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "seckill_proxy_redis_calls_per_decision",
 		Help: "Limiter script calls per decision since start."}, func() float64 {
@@ -61,7 +63,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "seckill_proxy_limiter_queued",
 		Help: "Decisions waiting for a Redis call now."}, func() float64 { return float64(m.queued.Load()) }))
 	m.ok, m.fail, m.skipped = calls.WithLabelValues("ok"), calls.WithLabelValues("error"), calls.WithLabelValues("breaker_open")
-	m.deniedHit = hits.WithLabelValues("denied")
+	m.deniedHit, m.leaseHits = hits.WithLabelValues("denied"), hits.WithLabelValues("lease")
+	m.leased = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_limiter_lease_slots_total",
+		Help: "Window slots Redis leased to this instance (spent locally within 50ms, or left to slide out)."})
+	m.returned = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_limiter_lease_slots_returned_total",
+		Help: "Lease slots this instance gave back to Redis unspent."})
+	reg.MustRegister(m.leased, m.returned)
 	return m
 }
 

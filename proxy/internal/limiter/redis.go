@@ -25,10 +25,11 @@ import (
 //
 // Bounds: a decision that waited the timeout in the queue is shed (ErrShed:
 // overload); a call is bounded by the timeout. A call that timed out while
-// Redis answered another call sent beside it met load (Redis is alive, this
-// host or its queue slow), not a failure: its decisions are shed too. Any
-// other error is a Redis failure, which the breaker counts and
-// on_redis_error answers. Take returns within about twice the timeout.
+// Redis answered another call sent beside it, or answers a PING right
+// after, met load (Redis is alive, this host or its queue slow), not a
+// failure: its decisions are shed too. Any other error is a Redis failure,
+// which the breaker counts and on_redis_error answers. Take returns within
+// about twice the timeout (three times when it asks that PING).
 type Redis struct {
 	rdb     redis.Cmdable
 	cluster bool
@@ -40,9 +41,12 @@ type Redis struct {
 	br      breaker
 	live    atomic.Int64
 	lastOK  atomic.Int64 // mono ns when Redis last answered a call
+	leases  *leases
+	backs   atomic.Int32 // give-backs in flight
 	m       *Metrics
 	log     *slog.Logger
-	pool    sync.Pool
+	pool    sync.Pool // *op
+	bufs    sync.Pool // *takeBufs
 }
 
 const (
@@ -61,6 +65,8 @@ const (
 // signals done, within the bounds.
 type op struct {
 	ws       []Want
+	asks     []int   // per window: lease slots to ask for (nil: none)
+	leased   []grant // per window: lease slots granted
 	weight   int
 	out      []Got
 	ok       bool
@@ -77,20 +83,140 @@ func NewRedis(rdb redis.Cmdable, instance string, timeout time.Duration, m *Metr
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	s := &Redis{rdb: rdb, cluster: cluster, id: instance, timeout: timeout, queue: make(chan *op, maxQueue), m: m, log: log}
+	s.leases = newLeases(s.giveBack, s.prefetch)
 	s.pool.New = func() any { return &op{done: make(chan struct{}, 1)} }
+	s.bufs.New = func() any { return new(takeBufs) }
 	s.br.init()
 	s.live.Store(1)
 	return s
 }
 
-// Take implements Store. On a cluster a decision whose windows live under
-// several hash tags is decided tag by tag, per-client tags first and global
-// ones last (so another client is never refused by a global hit about to be
-// removed); when one refuses, the hits taken before it are removed again (a
-// brief under-admission, never an over-admission).
+// Take implements Store: the windows this instance holds a lease of are
+// decided here (lease.go), the others by Redis, which may grant leases for
+// the next decisions. A refusal or a failure gives the slots taken from
+// leases back.
 func (s *Redis) Take(ws []Want, weight int, out []Got) (bool, error) {
+	var sc leaseScratch
+	now, live := mono(time.Now()), s.Live()
+	asked := false
+	for i, w := range ws {
+		if i >= len(sc.held) || !leasable(w, live) {
+			continue
+		}
+		h, g, ok, ask := s.leases.spend(w, weight, now)
+		switch {
+		case ok:
+			out[i], sc.held[i] = g, h
+			sc.n++
+			s.m.leaseHits.Inc()
+		case ask > 0:
+			sc.ask[i], asked = ask, true
+		}
+	}
+	if sc.n == len(ws) {
+		return true, nil
+	}
+	rest, asks, leased, got := ws, []int(nil), []grant(nil), out
+	if sc.n > 0 || asked {
+		b := s.bufs.Get().(*takeBufs)
+		defer s.bufs.Put(b)
+		b.rest, b.asks, b.got, b.leased = b.rest[:0], b.asks[:0], b.got[:0], b.leased[:0]
+		for i, w := range ws {
+			if i >= len(sc.held) || sc.held[i].n == 0 {
+				b.rest, b.got, b.leased = append(b.rest, w), append(b.got, Got{}), append(b.leased, grant{})
+				b.asks = append(b.asks, 0)
+				if i < len(sc.ask) {
+					b.asks[len(b.asks)-1] = sc.ask[i]
+				}
+			}
+		}
+		rest, asks, leased = b.rest, b.asks, b.leased
+		if sc.n > 0 {
+			got = b.got
+		}
+	}
+	ok, err := s.take(rest, asks, leased, weight, got)
+	j := 0
+	for i, w := range ws {
+		if i < len(sc.held) && sc.held[i].n > 0 {
+			if !ok || err != nil {
+				s.leases.unspend(sc.held[i], mono(time.Now()))
+			}
+			continue
+		}
+		if sc.n > 0 {
+			out[i] = got[j]
+		}
+		if i < len(sc.ask) && sc.ask[i] > 0 {
+			g := out[i]
+			s.leases.granted(w.Key, leased[j], g.At+s.leases.spending.Microseconds(), now+int64(s.leases.spending), g.Remaining)
+			s.m.leased.Add(float64(leased[j].n))
+		}
+		j++
+	}
+	return ok, err
+}
+
+// takeBufs: the windows of a Take that go to Redis, and their answers.
+type takeBufs struct {
+	rest   []Want
+	asks   []int
+	leased []grant
+	got    []Got
+}
+
+// leaseScratch: the slots a Take took from leases and the lease slots it
+// asks for, for its first 8 windows (more are decided in Redis).
+type leaseScratch struct {
+	held [8]held
+	ask  [8]int
+	n    int
+}
+
+// prefetch asks Redis for the next slots of w's lease: a decision of
+// weight 0 (it takes nothing itself).
+func (s *Redis) prefetch(w Want, ask int) {
+	now := mono(time.Now())
+	ws, asks, leased, got := []Want{w}, []int{ask}, []grant{{}}, []Got{{}}
+	_, err := s.take(ws, asks, leased, 0, got)
+	if err != nil {
+		leased[0] = grant{}
+	}
+	s.leases.granted(w.Key, leased[0], got[0].At+s.leases.spending.Microseconds(), now+int64(s.leases.spending), got[0].Remaining)
+	s.m.leased.Add(float64(leased[0].n))
+}
+
+// giveBack removes slots this instance will not spend (at most 4 calls at
+// once, beside the flushers' 4 in go-redis's pool; past that they slide
+// out).
+func (s *Redis) giveBack(key string, members []string) {
+	if s.backs.Add(1) > 4 {
+		s.backs.Add(-1)
+		return
+	}
+	defer s.backs.Add(-1)
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	args := make([]any, len(members))
+	for i, m := range members {
+		args[i] = m
+	}
+	if err := s.rdb.ZRem(ctx, key, args...).Err(); err == nil {
+		s.m.returned.Add(float64(len(members)))
+	} else {
+		s.log.Debug("limiter lease give-back failed: the slots slide out", "err", err)
+	}
+}
+
+// take decides ws in Redis. On a cluster a decision whose windows live
+// under several hash tags is decided tag by tag, per-client tags first and
+// global ones last (so another client is never refused by a global hit
+// about to be removed); when one refuses, the hits taken before it are
+// removed again (a brief under-admission, never an over-admission; lease
+// slots granted before it stay).
+func (s *Redis) take(ws []Want, asks []int, leased []grant, weight int, out []Got) (bool, error) {
 	if !s.cluster || len(ws) == 1 {
-		o := s.get(ws, weight, out)
+		o := s.get(ws, asks, leased, weight, out)
 		defer s.pool.Put(o)
 		return s.wait(o)
 	}
@@ -100,14 +226,18 @@ func (s *Redis) Take(ws []Want, weight int, out []Got) (bool, error) {
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(tagOrder(ws[a].Key), tagOrder(ws[b].Key)) })
 	sorted, got, back := make([]Want, len(ws)), make([]Got, len(ws)), map[string][]any{}
+	sasks, sleased := make([]int, len(ws)), make([]grant, len(ws))
 	for i, j := range order {
 		sorted[i], got[i] = ws[j], Got{Remaining: -1}
+		if asks != nil {
+			sasks[i] = asks[j]
+		}
 	}
 	ok, err := true, error(nil)
 	for lo, hi := 0, 0; lo < len(sorted) && ok && err == nil; lo = hi {
 		for hi = lo + 1; hi < len(sorted) && hashTag(sorted[hi].Key) == hashTag(sorted[lo].Key); hi++ {
 		}
-		o := s.get(sorted[lo:hi], weight, got[lo:hi])
+		o := s.get(sorted[lo:hi], sasks[lo:hi], sleased[lo:hi], weight, got[lo:hi])
 		if ok, err = s.wait(o); ok && err == nil {
 			for _, w := range sorted[lo:hi] {
 				for j := range weight {
@@ -119,6 +249,9 @@ func (s *Redis) Take(ws []Want, weight int, out []Got) (bool, error) {
 	}
 	for i, j := range order {
 		out[j] = got[i]
+		if leased != nil {
+			leased[j] = sleased[i]
+		}
 	}
 	if (!ok || err != nil) && len(back) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
@@ -136,9 +269,9 @@ func (s *Redis) Take(ws []Want, weight int, out []Got) (bool, error) {
 	return ok, err
 }
 
-func (s *Redis) get(ws []Want, weight int, out []Got) *op {
+func (s *Redis) get(ws []Want, asks []int, leased []grant, weight int, out []Got) *op {
 	o := s.pool.Get().(*op)
-	o.ws, o.weight, o.out, o.ok, o.err, o.queued = ws, weight, out, false, nil, time.Now()
+	o.ws, o.asks, o.leased, o.weight, o.out, o.ok, o.err, o.queued = ws, asks, leased, weight, out, false, nil, time.Now()
 	return o
 }
 
@@ -226,8 +359,9 @@ func (s *Redis) send(batch []*op) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	cmds, keys, args := make([]*redis.Cmd, len(groups)), make([][]string, len(groups)), make([][]any, len(groups))
+	live := s.Live()
 	for g, ops := range groups {
-		keys[g], args[g] = s.encode(ops, s.seq.Add(1))
+		keys[g], args[g] = s.encode(ops, s.seq.Add(1), live)
 	}
 	t0 := time.Now()
 	if len(groups) == 1 {
@@ -247,16 +381,16 @@ func (s *Redis) send(batch []*op) {
 	}
 	s.m.latency.Observe(time.Since(t0).Seconds())
 	var failed error
-	answered := false
+	answered, alive := false, 0
 	for g, ops := range groups {
 		s.m.called.Add(1)
 		s.m.batch.Observe(float64(len(ops)))
-		err := decode(cmds[g], ops)
+		err := s.decode(cmds[g], ops)
 		switch {
 		case err == nil:
 			s.m.ok.Inc()
 			answered = true
-		case isTimeout(err) && s.lastOK.Load() > mono(t0):
+		case isTimeout(err) && (s.lastOK.Load() > mono(t0) || s.answers(&alive)):
 			s.m.fail.Inc()
 			s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
 			err = ErrShed
@@ -276,6 +410,22 @@ func (s *Redis) send(batch []*op) {
 	}
 }
 
+// answers reports whether Redis answers a PING within the timeout now
+// (asked once per send: *asked 0 unknown, 1 yes, 2 no). With few calls in
+// flight (leases) a slow call may have no neighbour to tell load from a
+// failure; a PING does.
+func (s *Redis) answers(asked *int) bool {
+	if *asked == 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		*asked = 2
+		if s.rdb.Ping(ctx).Err() == nil {
+			*asked = 1
+		}
+		cancel()
+	}
+	return *asked == 1
+}
+
 // record tells the breaker how a call went (nil: Redis answered).
 func (s *Redis) record(err error) {
 	if err == nil {
@@ -291,41 +441,48 @@ func (s *Redis) record(err error) {
 }
 
 // encode lays out ops as the script reads them.
-func (s *Redis) encode(ops []*op, seq uint64) ([]string, []any) {
+func (s *Redis) encode(ops []*op, seq uint64, live int) ([]string, []any) {
 	var keys []string
 	index := make(map[string]int, len(ops))
-	args := append(make([]any, 0, 2+len(ops)*5), s.id, seq)
+	args := append(make([]any, 0, 4+len(ops)*6), s.id, seq, live, s.leases.spending.Milliseconds())
 	for i, o := range ops {
 		o.seq, o.idx = seq, uint64(i+1)
 		args = append(args, o.weight, len(o.ws))
-		for _, w := range o.ws {
+		for j, w := range o.ws {
 			k, ok := index[w.Key]
 			if !ok {
 				keys = append(keys, w.Key)
 				k = len(keys)
 				index[w.Key] = k
 			}
-			args = append(args, k, w.Limit, max(1, w.Length.Milliseconds()))
+			ask := 0
+			if o.asks != nil {
+				ask = o.asks[j]
+			}
+			args = append(args, k, w.Limit, max(1, w.Length.Milliseconds()), ask)
 		}
 	}
 	return keys, args
 }
 
 // decode spreads a call's reply over its ops.
-func decode(c *redis.Cmd, ops []*op) error {
+func (s *Redis) decode(c *redis.Cmd, ops []*op) error {
 	r, err := c.Int64Slice()
 	if err != nil {
 		return err
 	}
 	i := 1
 	for _, o := range ops {
-		if i+1+3*len(o.ws) > len(r) {
+		if i+1+4*len(o.ws) > len(r) {
 			return fmt.Errorf("limiter: short ratelimit reply (%d values)", len(r))
 		}
 		o.ok = r[i] == 1
 		for w := range o.ws {
 			o.out[w] = Got{Full: r[i+1] == 1, Remaining: int(r[i+2]), Reset: time.Duration(r[i+3]) * time.Millisecond, At: r[0]}
-			i += 3
+			if n := int(r[i+4]); n > 0 && o.leased != nil {
+				o.leased[w] = grant{n: n, name: s.id + ":" + strconv.FormatUint(o.seq, 10) + ":" + strconv.FormatUint(o.idx, 10) + ":l"}
+			}
+			i += 4
 		}
 		i++
 	}

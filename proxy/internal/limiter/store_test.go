@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/seckill/seckill/internal/servicetest"
 )
@@ -28,6 +30,37 @@ func stores(t *testing.T, fn func(t *testing.T, s Store, prefix string)) {
 }
 
 var keySeq atomic.Int64
+
+// written is the number of hits decisions wrote into window w: in Redis its
+// members once every lease slot this instance did not spend is back (its
+// spending time over and the give-backs done, lease.go); in memory what a
+// decision finds taken.
+func written(t *testing.T, s Store, key string, w Want) int {
+	t.Helper()
+	if r, ok := s.(*Redis); ok {
+		time.Sleep(r.leases.spending)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			sh := r.leases.shard(key)
+			sh.mu.Lock()
+			l := sh.m[key]
+			pending := l != nil && (l.cur.left > 0 || l.next.left > 0 || l.asking)
+			sh.mu.Unlock()
+			if !pending && r.backs.Load() == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("lease slots of %s not back after 5 s", key)
+			}
+		}
+		n, err := r.rdb.ZCard(context.Background(), key).Result()
+		servicetest.Must(t, err, "zcard")
+		return int(n)
+	}
+	out := make([]Got, 1)
+	_, err := s.Take([]Want{w}, 1, out)
+	servicetest.Must(t, err, "take")
+	return w.Limit - out[0].Remaining - 1
+}
 
 // fresh is a new per-client window key (its own hash tag) and a global one.
 func fresh(prefix string) (client, global string) {
@@ -67,9 +100,8 @@ func TestStoreBurstExact(t *testing.T) {
 					t.Fatalf("L=%d round %d: %d admitted, %d refused by the client's window, want %d and %d",
 						L, round, admitted.Load(), full.Load(), L, 2*L)
 				}
-				out := make([]Got, 1)
-				if _, err := s.Take(ws[1:], 1, out); err != nil || out[0].Remaining != 1000-L-1 {
-					t.Fatalf("the global window holds %d, want %d (refused decisions write nothing): %v", 1000-out[0].Remaining-1, L, err)
+				if n := written(t, s, g, ws[1]); n != L {
+					t.Fatalf("the global window holds %d hits, want %d (refused decisions write nothing)", n, L)
 				}
 			}
 		}
@@ -167,4 +199,154 @@ func TestStoreWorstInterval(t *testing.T) {
 			t.Fatalf("worst interval %d > %d, or only %d admitted", worst, L, len(at))
 		}
 	})
+}
+
+// Leases stay exact and pay: two instances (each told 2 are live) with 8
+// deciders each hammer a window for 2.5 s. Binding (400 per second): in
+// every interval of a second at most 400 are admitted, judged both by the
+// store's stamps (a leased slot's score) and by the deciders' own clock
+// counting only decisions whose whole span (called → returned) lies inside
+// the interval. Far from binding (10^6 per second): most decisions are made
+// from leases.
+func TestRedisLeasesExact(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	for _, L := range []int{400, 1000000} {
+		m := NewMetrics(prometheus.NewRegistry())
+		a, b := NewRedis(rdb, "a", 2*time.Second, m, nil), NewRedis(rdb, "b", 2*time.Second, m, nil)
+		a.live.Store(2)
+		b.live.Store(2)
+		const W = time.Second
+		_, g := fresh(prefix)
+		ws := []Want{{Key: g, Limit: L, Length: W}}
+		type span struct{ t0, t1, at int64 }
+		var mu sync.Mutex
+		var spans []span
+		var decided atomic.Int64
+		end := time.Now().Add(2500 * time.Millisecond)
+		var wg sync.WaitGroup
+		for _, s := range []*Redis{a, b} {
+			for range 8 {
+				wg.Go(func() {
+					out := make([]Got, 1)
+					for time.Now().Before(end) {
+						t0 := mono(time.Now())
+						ok, err := s.Take(ws, 1, out)
+						t1 := mono(time.Now())
+						decided.Add(1)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if ok {
+							mu.Lock()
+							spans = append(spans, span{t0, t1, out[0].At})
+							mu.Unlock()
+						} else {
+							time.Sleep(time.Millisecond)
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		at := make([]int64, len(spans))
+		for i, s := range spans {
+			at[i] = s.at
+		}
+		slices.Sort(at)
+		worstAt := 0
+		for i, j := 0, 0; i < len(at); i++ {
+			for at[i]-at[j] >= W.Microseconds() {
+				j++
+			}
+			worstAt = max(worstAt, i-j+1)
+		}
+		slices.SortFunc(spans, func(x, y span) int { return int(x.t0 - y.t0) })
+		worstSpan := 0
+		for i, k := 0, 0; i < len(spans); i++ {
+			n := 0
+			for k = i; k < len(spans) && spans[k].t0 < spans[i].t0+int64(W); k++ {
+				if spans[k].t1 < spans[i].t0+int64(W) {
+					n++
+				}
+			}
+			worstSpan = max(worstSpan, n)
+			if L > 1000 {
+				break // one interval is enough: the limit is far
+			}
+		}
+		hits := counterValue(m.leaseHits)
+		t.Logf("limit %d: %d decisions, %d admitted, %.0f from leases, %d script calls; worst 1s interval: %d by stamps, %d by spans",
+			L, decided.Load(), len(spans), hits, m.Calls(), worstAt, worstSpan)
+		if worstAt > L || worstSpan > L {
+			t.Fatalf("worst interval %d (stamps) / %d (spans) > %d", worstAt, worstSpan, L)
+		}
+		if L == 400 && (len(spans) < 2*L || hits == 0) {
+			t.Fatalf("%d admitted in 2.5 windows of %d, %.0f from leases (each window starts far from its limit)", len(spans), L, hits)
+		}
+		if L > 1000 && hits < 0.9*float64(decided.Load()) {
+			t.Fatalf("%.0f of %d decisions from leases, want at least 90%% far from the limit", hits, decided.Load())
+		}
+	}
+}
+
+// A lease slot taken by a decision that another window refuses goes back
+// to the lease; what is unspent at the lease's end goes back to Redis.
+func TestRedisLeaseGivenBack(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	s := NewRedis(rdb, "a", 2*time.Second, NewMetrics(prometheus.NewRegistry()), nil)
+	s.leases.spending = 10 * time.Second // the test's steps stay inside it
+	_, g := fresh(prefix)
+	global := Want{Key: g, Limit: 1000, Length: 10 * time.Second}
+	left := func() int {
+		sh := s.leases.shard(g)
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		if l := sh.m[g]; l != nil {
+			return l.cur.left + l.next.left
+		}
+		return -1
+	}
+	out := make([]Got, 2)
+	for i := 0; left() <= 0; i++ { // sequential decisions: the 4th asks
+		if i == 10 {
+			t.Fatalf("no lease after %d decisions", i)
+		}
+		c, _ := fresh(prefix)
+		if ok, err := s.Take([]Want{{Key: c, Limit: 1, Length: 10 * time.Second}, global}, 1, out); !ok || err != nil {
+			t.Fatalf("decision %d: %v %v", i, ok, err)
+		}
+	}
+	before := left()
+	c, _ := fresh(prefix)
+	client := Want{Key: c, Limit: 1, Length: 10 * time.Second}
+	if ok, _ := s.Take([]Want{client, global}, 1, out); !ok || left() != before-1 {
+		t.Fatalf("admitted %v with %d lease slots left, want true and %d", ok, left(), before-1)
+	}
+	if ok, _ := s.Take([]Want{client, global}, 1, out); ok || !out[0].Full || left() != before-1 {
+		t.Fatalf("refused by the client's window: admitted %v %+v, lease %d, want its slot back (%d)", ok, out, left(), before-1)
+	}
+	// The spending time ends (forced: the timer's own call): what is left
+	// goes back to Redis, and only that.
+	ctx := context.Background()
+	members := rdb.ZCard(ctx, g).Val()
+	sh := s.leases.shard(g)
+	sh.mu.Lock()
+	name, unspent := sh.m[g].cur.name, sh.m[g].cur.left+sh.m[g].next.left
+	if sh.m[g].next.left > 0 {
+		t.Fatal("next slots asked for: the test expects only the current ones")
+	}
+	sh.mu.Unlock()
+	s.leases.expire(g, name)
+	if n := rdb.ZCard(ctx, g).Val(); n != members-int64(unspent) || left() != 0 {
+		t.Fatalf("%d members after the lease's end, want %d - %d unspent; lease left %d", n, members, unspent, left())
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
 }
