@@ -7,12 +7,15 @@ import (
 
 // breaker keeps Redis out of the request path after breakerThreshold
 // failed calls in a row: open for a back-off (250 ms doubling to 5 s), then
-// one probe at a time; a good call closes it.
+// one probe at a time; a good call closes it. A probe that tells nothing
+// (its decision shed before or after the call) frees the probe slot after
+// the back-off.
 type breaker struct {
 	mu            sync.Mutex
 	failures      int
 	open, probing bool
 	openUntil     time.Time
+	probeUntil    time.Time
 	backoff       time.Duration
 }
 
@@ -31,10 +34,10 @@ func (b *breaker) allow(now time.Time) bool {
 	if !b.open {
 		return true
 	}
-	if now.Before(b.openUntil) || b.probing {
+	if now.Before(b.openUntil) || b.probing && now.Before(b.probeUntil) {
 		return false
 	}
-	b.probing = true
+	b.probing, b.probeUntil = true, now.Add(b.backoff)
 	return true
 }
 

@@ -29,7 +29,7 @@ import (
 // after, met load (Redis is alive, this host or its queue slow), not a
 // failure: its decisions are shed too. Any other error is a Redis failure,
 // which the breaker counts and on_redis_error answers. Take returns within
-// about twice the timeout (three times when it asks that PING).
+// about twice the timeout (plus a PING's, at least 100 ms, after a timeout).
 type Redis struct {
 	rdb     redis.Cmdable
 	cluster bool
@@ -410,21 +410,26 @@ func (s *Redis) send(batch []*op) {
 	}
 }
 
-// answers reports whether Redis answers a PING within the timeout now
-// (asked once per send: *asked 0 unknown, 1 yes, 2 no). With few calls in
-// flight (leases) a slow call may have no neighbour to tell load from a
-// failure; a PING does.
+// answers reports whether Redis answers a PING now (asked once per send:
+// *asked 0 unknown, 1 yes, 2 no), within the timeout but at least 100 ms: a
+// host busy enough to miss a 20 ms deadline is not a Redis failure. With
+// few calls in flight (leases) a slow call may have no neighbour to tell
+// load from a failure; a PING does, and as an answer of Redis it counts
+// for the breaker.
 func (s *Redis) answers(asked *int) bool {
 	if *asked == 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), max(s.timeout, pingAtLeast))
 		*asked = 2
 		if s.rdb.Ping(ctx).Err() == nil {
 			*asked = 1
+			s.record(nil)
 		}
 		cancel()
 	}
 	return *asked == 1
 }
+
+const pingAtLeast = 100 * time.Millisecond
 
 // record tells the breaker how a call went (nil: Redis answered).
 func (s *Redis) record(err error) {
