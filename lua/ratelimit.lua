@@ -60,7 +60,17 @@ if #ops == 0 then return redis.error_reply('ERR ratelimit: no op') end
 
 -- Once per key and call: count what still counts (ZCOUNT; what slid out is
 -- dropped only where this call writes).
-local count, fresh, pruned, dead, scores, expire = {}, {}, {}, {}, {}, {}
+local count, fresh, pruned, dead, scores, expire, newest = {}, {}, {}, {}, {}, {}, {}
+-- leaseEnd: the newest member's score when it lies after now (leased slots
+-- still being spent), else false; once per key and call, then kept up to
+-- date by this call's own leases.
+local function leaseEnd(k)
+  if newest[k] == nil then
+    local v = tonumber(redis.call('ZRANGE', KEYS[k], -1, -1, 'WITHSCORES')[2])
+    newest[k] = v ~= nil and v > now and v
+  end
+  return newest[k]
+end
 -- liveScore: the score of the r-th (oldest first, 0-based) member that still
 -- counts. Cached by that rank, which pruning does not move; a write at now
 -- moves only the ranks of members scored after now (leases), so it drops
@@ -85,7 +95,7 @@ end
 local function ms(us) return math.max(0, math.ceil(us / 1000)) end
 local function moved(k)
   local sk = scores[k]
-  if sk then
+  if sk and next(sk) and leaseEnd(k) then
     for r, v in pairs(sk) do
       if v > now then sk[r] = nil end
     end
@@ -133,6 +143,7 @@ for o, op in ipairs(ops) do
         end
         redis.call('ZADD', KEYS[x.k], unpack(largs))
         moved(x.k)
+        newest[x.k] = now + spend
         count[x.k] = count[x.k] + leased
         expire[x.k] = math.max(expire[x.k], x.win + spend)
       end
@@ -147,8 +158,8 @@ for o, op in ipairs(ops) do
       local r = ms(liveScore(x, c - x.limit + op.weight - 1) + x.win - now)
       -- or once the slots leased here come back unspent: when the newest
       -- spending time ends
-      local newest = liveScore(x, c - 1)
-      if newest > now then r = math.min(r, ms(newest - now) + 1) end
+      local e = leaseEnd(x.k)
+      if e then r = math.min(r, ms(e - now) + 1) end
       out[#out + 1] = r
     elseif c == 0 then
       out[#out + 1] = 0
