@@ -21,40 +21,43 @@
 --        then per op: weight >= 0 (0: a lease alone), n >= 1, then
 --        n x (key index, limit >= 1, window_ms >= 1, lease >= 0)
 -- Returns {now_us, per op: admitted 1/0, per window: full, remaining,
---   reset_ms, leased}: full when fewer than `weight` slots were free (this
+--   reset_ms[, leased]}: full when fewer than `weight` slots were free (this
 --   window refused); remaining after the op and its lease; reset_ms for a
 --   full window until the weight fits (window_ms when weight > limit:
---   never), else until the oldest member slides out (0: empty); leased: the
---   slots granted. Malformed ARGV is refused before any write.
+--   never), else until the oldest member slides out (0: empty); leased, only
+--   where a lease was asked for: the slots granted. Malformed ARGV is
+--   refused before any write.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local prefix = ARGV[1] .. ':' .. ARGV[2] .. ':'
 
+local tonumber, floor, argv, nargv, nkeys = tonumber, math.floor, ARGV, #ARGV, #KEYS
+-- int: v as an integer >= least, or nil
 local function int(v, least)
   local x = tonumber(v)
-  if x and x >= (least or 1) and x == math.floor(x) then return x end
+  if x and x >= least and x == floor(x) then return x end
 end
 
-local live, spend = int(ARGV[3]), int(ARGV[4])
+local live, spend = int(argv[3], 1), int(argv[4], 1)
 if not (live and spend) then return redis.error_reply('ERR ratelimit: bad live/spend') end
 spend = spend * 1000
 local ops, a = {}, 5
-while a <= #ARGV do
-  local op = {weight = int(ARGV[a], 0), n = int(ARGV[a + 1]), w = {}}
-  if not (op.weight and op.n) or a + 1 + 4 * op.n > #ARGV then
+while a <= nargv do
+  local weight, n = int(argv[a], 0), int(argv[a + 1], 1)
+  if not (weight and n) or a + 1 + 4 * n > nargv then
     return redis.error_reply('ERR ratelimit: bad weight/count of op ' .. (#ops + 1))
   end
-  for i = 1, op.n do
+  local op = {weight = weight, w = {}}
+  for i = 1, n do
     local b = a + 2 + 4 * (i - 1)
-    local x = {k = int(ARGV[b]), limit = int(ARGV[b + 1]), win = int(ARGV[b + 2]), lease = int(ARGV[b + 3], 0)}
-    if not (x.k and x.limit and x.win and x.lease) or x.k > #KEYS then
+    local k, limit, win, lease = int(argv[b], 1), int(argv[b + 1], 1), int(argv[b + 2], 1), int(argv[b + 3], 0)
+    if not (k and limit and win and lease) or k > nkeys then
       return redis.error_reply('ERR ratelimit: bad key/limit/window/lease ' .. i .. ' of op ' .. (#ops + 1))
     end
-    x.win = x.win * 1000
-    op.w[i] = x
+    op.w[i] = {k = k, limit = limit, win = win * 1000, lease = lease}
   end
   ops[#ops + 1] = op
-  a = a + 2 + 4 * op.n
+  a = a + 2 + 4 * n
 end
 if #ops == 0 then return redis.error_reply('ERR ratelimit: no op') end
 
@@ -168,7 +171,7 @@ for o, op in ipairs(ops) do
     else
       out[#out + 1] = ms(liveScore(x, 0) + x.win - now)
     end
-    out[#out + 1] = leased
+    if x.lease > 0 then out[#out + 1] = leased end
   end
 end
 -- A log lives while its newest member counts.

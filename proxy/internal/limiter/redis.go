@@ -478,16 +478,22 @@ func (s *Redis) decode(c *redis.Cmd, ops []*op) error {
 	}
 	i := 1
 	for _, o := range ops {
-		if i+1+4*len(o.ws) > len(r) {
+		if i+1+3*len(o.ws) > len(r) {
 			return fmt.Errorf("limiter: short ratelimit reply (%d values)", len(r))
 		}
 		o.ok = r[i] == 1
 		for w := range o.ws {
 			o.out[w] = Got{Full: r[i+1] == 1, Remaining: int(r[i+2]), Reset: time.Duration(r[i+3]) * time.Millisecond, At: r[0]}
-			if n := int(r[i+4]); n > 0 && o.leased != nil {
-				o.leased[w] = grant{n: n, name: s.id + ":" + strconv.FormatUint(o.seq, 10) + ":" + strconv.FormatUint(o.idx, 10) + ":l"}
+			i += 3
+			if o.asks != nil && o.asks[w] > 0 { // the script says leased only where asked
+				if i+1 >= len(r) {
+					return fmt.Errorf("limiter: short ratelimit reply (%d values)", len(r))
+				}
+				if n := int(r[i+1]); n > 0 {
+					o.leased[w] = grant{n: n, name: s.id + ":" + strconv.FormatUint(o.seq, 10) + ":" + strconv.FormatUint(o.idx, 10) + ":l"}
+				}
+				i++
 			}
-			i += 4
 		}
 		i++
 	}
