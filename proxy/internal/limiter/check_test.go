@@ -103,24 +103,16 @@ type hold struct {
 	release chan struct{}
 	held    atomic.Int32
 	only    int32 // hold this many calls (the first ones), let the rest through; 0: all
-	ping    bool  // hold PINGs too (a Redis silent to everything)
+	after   int32 // let this many calls through before holding any
+	seen    atomic.Int32
 }
 
 func (h *hold) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *hold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		// held until released or the call's deadline, as a Redis that does
-		// not answer in time holds a call
-		if n := cmd.Name(); (n == "evalsha" || n == "eval") && (h.only == 0 || h.held.Load() < h.only) || n == "ping" && h.ping {
-			if n != "ping" {
-				h.held.Add(1)
-			}
-			select {
-			case <-h.release:
-			case <-ctx.Done():
-				cmd.SetErr(ctx.Err())
-				return ctx.Err()
-			}
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.seen.Add(1) > h.after && (h.only == 0 || h.held.Load() < h.only) {
+			h.held.Add(1)
+			<-h.release
 		}
 		return next(ctx, cmd)
 	}
@@ -130,15 +122,15 @@ func (h *hold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 }
 
 // The one wait the limiter keeps, forced: every flusher is stuck on a call
-// that outlasts the timeout (Redis silent: PINGs too), so the decisions
-// queued behind them wait. Each of those is shed (503, counted apart) once
-// the timeout passed in the queue, never handed to on_redis_error; the
-// stuck calls' own decisions, whose calls failed, are the fallbacks.
-// Nothing waits past twice the timeout and a PING's bound.
+// that outlasts the timeout, so the decisions queued behind them wait. Each
+// of those is shed (503, counted apart) once the timeout passed in the
+// queue, never handed to on_redis_error; the stuck calls' own decisions,
+// whose calls failed, are the fallbacks. Nothing waits past twice the
+// timeout after the calls are let go.
 func TestQueuedDecisionShedNotFallback(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := servicetest.RedisNode(t)
-	h := &hold{release: make(chan struct{}), ping: true}
+	h := &hold{release: make(chan struct{})}
 	rdb.AddHook(h)
 	m := NewMetrics(prometheus.NewRegistry())
 	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(5, time.Second)})
@@ -157,8 +149,9 @@ func TestQueuedDecisionShedNotFallback(t *testing.T) {
 	for m.queued.Load() < 8 {
 		time.Sleep(time.Millisecond)
 	}
-	queued := time.Now()
-	defer close(h.release) // never: the calls and PINGs end at their deadlines
+	time.Sleep(timeout + 20*time.Millisecond)
+	released := time.Now()
+	close(h.release)
 	var shed, degraded int
 	for range flushers + 8 {
 		d := <-out
@@ -171,8 +164,8 @@ func TestQueuedDecisionShedNotFallback(t *testing.T) {
 			t.Fatalf("a decision neither shed nor fallen back: %+v", d)
 		}
 	}
-	if took, bound := time.Since(queued), 2*timeout+max(timeout, pingAtLeast)+50*time.Millisecond; took > bound {
-		t.Fatalf("decisions ended %v after they queued, bound %v (call, PING)", took, bound)
+	if took := time.Since(released); took > 2*timeout {
+		t.Fatalf("decisions ended %v after the release, bound %v", took, 2*timeout)
 	}
 	if shed != 8 || degraded != flushers || value(t, m.shed) != 8 || value(t, m.fallbacks) != flushers {
 		t.Fatalf("%d shed, %d fallen back (metrics %v, %v), want 8 and %d", shed, degraded, value(t, m.shed), value(t, m.fallbacks), flushers)
@@ -208,18 +201,22 @@ func TestCallTimeoutWhileRedisAnswersIsShed(t *testing.T) {
 	}
 }
 
-// A call that times out with no other call beside it, while Redis answers
-// a PING, met load too (with leases few calls are in flight): shed, not a
-// fallback, the breaker closed. Forced: the one call held past its deadline.
+// A call that times out with no other call beside it, Redis having
+// answered this instance just before, met load too (with leases few calls
+// are in flight): shed, not a fallback, the breaker closed. Forced: one
+// call answered, the next held past its deadline.
 func TestLoneCallTimeoutWithRedisAliveIsShed(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := servicetest.RedisNode(t)
-	h := &hold{release: make(chan struct{}), only: 1}
+	h := &hold{release: make(chan struct{}), only: 1, after: 1}
 	rdb.AddHook(h)
 	m := NewMetrics(prometheus.NewRegistry())
 	rs := compile(t, prefix, m, conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(5, time.Second)})
 	const timeout = 100 * time.Millisecond
 	l := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: timeout, Instance: "lone", Metrics: m})
+	if d := check(l, rs, "10.6.1.0"); d.Outcome != Admit {
+		t.Fatalf("the first call: %+v", d)
+	}
 	go func() {
 		for h.held.Load() < 1 {
 			time.Sleep(time.Millisecond)

@@ -25,11 +25,11 @@ import (
 //
 // Bounds: a decision that waited the timeout in the queue is shed (ErrShed:
 // overload); a call is bounded by the timeout. A call that timed out while
-// Redis answered another call sent beside it, or answers a PING right
-// after, met load (Redis is alive, this host or its queue slow), not a
-// failure: its decisions are shed too. Any other error is a Redis failure,
-// which the breaker counts and on_redis_error answers. Take returns within
-// about twice the timeout (plus a PING's, at least 100 ms, after a timeout).
+// Redis answered this instance within aliveWithin before it was sent (any
+// call: another decision's, a lease's, the heartbeat's) met load (Redis is
+// alive, this host or its queue slow), not a failure: its decisions are shed
+// too. Any other error is a Redis failure, which the breaker counts and
+// on_redis_error answers. Take returns within about twice the timeout.
 type Redis struct {
 	rdb     redis.Cmdable
 	cluster bool
@@ -59,6 +59,12 @@ const (
 	// liveness: an instance that has not heartbeaten for this long is not
 	// live; every instance heartbeats at a third of it.
 	liveness = 3 * time.Second
+	// aliveWithin: Redis answered this recently (the heartbeat's period and
+	// a half, so a healthy Redis always has), so a call timing out now met
+	// load, not a failure. With leases few calls are in flight: a slow one
+	// seldom has a neighbour answered after it was sent. A Redis that died
+	// has its timeouts shed (503) for at most this long, then they fall back.
+	aliveWithin = liveness / 2
 )
 
 // op is one decision in the queue; the flusher that takes it always
@@ -381,7 +387,7 @@ func (s *Redis) send(batch []*op) {
 	}
 	s.m.latency.Observe(time.Since(t0).Seconds())
 	var failed error
-	answered, alive := false, 0
+	answered := false
 	for g, ops := range groups {
 		s.m.called.Add(1)
 		s.m.batch.Observe(float64(len(ops)))
@@ -390,7 +396,7 @@ func (s *Redis) send(batch []*op) {
 		case err == nil:
 			s.m.ok.Inc()
 			answered = true
-		case isTimeout(err) && (s.lastOK.Load() > mono(t0) || s.answers(&alive)):
+		case isTimeout(err) && s.answeredSince(mono(t0)-int64(aliveWithin)):
 			s.m.fail.Inc()
 			s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
 			err = ErrShed
@@ -410,26 +416,11 @@ func (s *Redis) send(batch []*op) {
 	}
 }
 
-// answers reports whether Redis answers a PING now (asked once per send:
-// *asked 0 unknown, 1 yes, 2 no), within the timeout but at least 100 ms: a
-// host busy enough to miss a 20 ms deadline is not a Redis failure. With
-// few calls in flight (leases) a slow call may have no neighbour to tell
-// load from a failure; a PING does, and as an answer of Redis it counts
-// for the breaker.
-func (s *Redis) answers(asked *int) bool {
-	if *asked == 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), max(s.timeout, pingAtLeast))
-		*asked = 2
-		if s.rdb.Ping(ctx).Err() == nil {
-			*asked = 1
-			s.record(nil)
-		}
-		cancel()
-	}
-	return *asked == 1
+// answeredSince reports whether Redis answered this instance after t (mono).
+func (s *Redis) answeredSince(t int64) bool {
+	ok := s.lastOK.Load()
+	return ok != 0 && ok > t // 0: never
 }
-
-const pingAtLeast = 100 * time.Millisecond
 
 // record tells the breaker how a call went (nil: Redis answered).
 func (s *Redis) record(err error) {
