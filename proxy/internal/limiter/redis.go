@@ -25,11 +25,11 @@ import (
 //
 // Bounds: a decision that waited the timeout in the queue is shed (ErrShed:
 // overload); a call is bounded by the timeout. A call that timed out while
-// Redis answered this instance within aliveWithin before it was sent (any
-// call: another decision's, a lease's, the heartbeat's) met load (Redis is
-// alive, this host or its queue slow), not a failure: its decisions are shed
-// too. Any other error is a Redis failure, which the breaker counts and
-// on_redis_error answers. Take returns within about twice the timeout.
+// Redis answered another call sent after it, or a PING right after (judge),
+// met load (Redis is alive, this host or its queue slow), not a failure: its
+// decisions are shed too. Any other error is a Redis failure, which the
+// breaker counts and on_redis_error answers. Take returns within about
+// twice the timeout.
 type Redis struct {
 	rdb     redis.Cmdable
 	cluster bool
@@ -59,12 +59,6 @@ const (
 	// liveness: an instance that has not heartbeaten for this long is not
 	// live; every instance heartbeats at a third of it.
 	liveness = 3 * time.Second
-	// aliveWithin: Redis answered this recently (the heartbeat's period and
-	// a half, so a healthy Redis always has), so a call timing out now met
-	// load, not a failure. With leases few calls are in flight: a slow one
-	// seldom has a neighbour answered after it was sent. A Redis that died
-	// has its timeouts shed (503) for at most this long, then they fall back.
-	aliveWithin = liveness / 2
 )
 
 // op is one decision in the queue; the flusher that takes it always
@@ -387,6 +381,7 @@ func (s *Redis) send(batch []*op) {
 	}
 	s.m.latency.Observe(time.Since(t0).Seconds())
 	var failed error
+	var judged []*op // timed out with no answer of Redis since they left
 	answered := false
 	for g, ops := range groups {
 		s.m.called.Add(1)
@@ -396,10 +391,17 @@ func (s *Redis) send(batch []*op) {
 		case err == nil:
 			s.m.ok.Inc()
 			answered = true
-		case isTimeout(err) && s.answeredSince(mono(t0)-int64(aliveWithin)):
+		case isTimeout(err) && s.answeredSince(mono(t0)):
 			s.m.fail.Inc()
 			s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
 			err = ErrShed
+		case isTimeout(err):
+			s.m.fail.Inc()
+			for _, o := range ops {
+				o.err = err
+			}
+			judged = append(judged, ops...)
+			continue
 		default:
 			s.m.fail.Inc()
 			failed = err
@@ -413,6 +415,34 @@ func (s *Redis) send(batch []*op) {
 	// breaker nor an answer that would make the next timeout look like load.
 	if failed != nil || answered {
 		s.record(failed)
+	}
+	if len(judged) > 0 {
+		go s.judge(judged)
+	}
+}
+
+// judge decides what a timeout that no answer of Redis followed means: a
+// PING within the timeout (so the decisions still end within twice it)
+// answered: load (shed, and Redis's answer for the breaker); else a failure
+// (on_redis_error). With leases few calls are in flight, so a slow call
+// seldom has a neighbour answered after it; a Redis paused or cut answers
+// neither. It runs beside the flushers: the queue behind does not wait.
+func (s *Redis) judge(ops []*op) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	err := s.rdb.Ping(ctx).Err()
+	cancel()
+	if err == nil {
+		s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
+		for _, o := range ops {
+			o.err = ErrShed
+		}
+	}
+	s.record(err)
+	if err == nil {
+		err = ErrShed
+	}
+	for _, o := range ops {
+		o.done <- struct{}{}
 	}
 }
 
