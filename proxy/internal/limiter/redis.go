@@ -437,10 +437,7 @@ func (s *Redis) judge(ops []*op) {
 			o.err = ErrShed
 		}
 	}
-	s.record(err)
-	if err == nil {
-		err = ErrShed
-	}
+	s.record(err) // the ops keep their timeout when Redis answered neither
 	for _, o := range ops {
 		o.done <- struct{}{}
 	}
