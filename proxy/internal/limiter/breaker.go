@@ -3,20 +3,24 @@ package limiter
 import (
 	"sync"
 	"time"
+
+	"github.com/seckill/seckill/internal/backoff"
 )
 
 // breaker keeps Redis out of the request path after breakerThreshold
-// failed calls in a row: open for a back-off (250 ms doubling to 5 s), then
-// one probe at a time; a good call closes it. A probe that tells nothing
-// (its decision shed before or after the call) frees the probe slot after
-// the back-off.
+// failed calls in a row: open for a back-off (internal/backoff: 250 ms
+// doubling to 5 s, jittered so instances that opened together do not probe
+// together), then one probe at a time; a good call closes it. A probe that
+// tells nothing (its decision shed before or after the call) frees the
+// probe slot after the back-off.
 type breaker struct {
 	mu            sync.Mutex
 	failures      int
 	open, probing bool
 	openUntil     time.Time
 	probeUntil    time.Time
-	backoff       time.Duration
+	delay         time.Duration // the current back-off
+	bo            *backoff.Backoff
 }
 
 const (
@@ -25,7 +29,7 @@ const (
 	breakerMaxBackoff = 5 * time.Second
 )
 
-func (b *breaker) init() { b.backoff = breakerMinBackoff }
+func (b *breaker) init() { b.bo = backoff.New(breakerMinBackoff, breakerMaxBackoff) }
 
 // allow reports whether a call may go to Redis now.
 func (b *breaker) allow(now time.Time) bool {
@@ -37,7 +41,7 @@ func (b *breaker) allow(now time.Time) bool {
 	if now.Before(b.openUntil) || b.probing && now.Before(b.probeUntil) {
 		return false
 	}
-	b.probing, b.probeUntil = true, now.Add(b.backoff)
+	b.probing, b.probeUntil = true, now.Add(b.delay)
 	return true
 }
 
@@ -49,13 +53,15 @@ func (b *breaker) failure(now time.Time) bool {
 	opened := !b.open && b.failures >= breakerThreshold
 	switch {
 	case b.open:
-		b.probing, b.backoff = false, min(breakerMaxBackoff, b.backoff*2)
+		b.probing = false
 	case opened:
-		b.open, b.backoff = true, breakerMinBackoff
+		b.open = true
+		b.bo.Reset()
 	default:
 		return false
 	}
-	b.openUntil = now.Add(b.backoff)
+	b.delay = b.bo.Next()
+	b.openUntil = now.Add(b.delay)
 	return opened
 }
 
@@ -64,7 +70,7 @@ func (b *breaker) success() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	was := b.open
-	b.failures, b.open, b.probing, b.backoff = 0, false, false, breakerMinBackoff
+	b.failures, b.open, b.probing = 0, false, false
 	return was
 }
 
