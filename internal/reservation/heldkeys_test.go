@@ -10,6 +10,7 @@ import (
 
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/servicetest"
+	"github.com/seckill/seckill/internal/soldout"
 )
 
 func heldKeys(t *testing.T, st *reservation.Store, id int64, most int) reservation.Held {
@@ -68,5 +69,23 @@ func TestHeldKeys(t *testing.T) {
 	servicetest.Must(t, rdb.Set(context.Background(), st.Keys(id).Recovering, "tok", time.Minute).Err(), "mark recovering")
 	if h := heldKeys(t, st, id, 100); h.Outcome != reservation.HeldRecovering {
 		t.Errorf("recovering: %+v", h)
+	}
+}
+
+// AnnounceSoldOut publishes the v2 event the proxies read keys on.
+func TestAnnounceSoldOut(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	ctx := context.Background()
+	sub := rdb.Subscribe(ctx, reservation.Channel(prefix))
+	defer sub.Close()
+	_, err := sub.Receive(ctx) // the subscription confirmation
+	servicetest.Must(t, err, "subscribe")
+	servicetest.Must(t, st.AnnounceSoldOut(ctx, 77), "announce")
+	msg, err := sub.ReceiveMessage(ctx)
+	servicetest.Must(t, err, "receive")
+	if ev, known, err := soldout.ParseEvent(msg.Payload); err != nil || !known || ev.ActivityID != 77 || ev.Kind != soldout.KindSoldOut {
+		t.Errorf("event %q = %+v %v %v", msg.Payload, ev, known, err)
 	}
 }
