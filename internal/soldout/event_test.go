@@ -66,7 +66,11 @@ type soldOutRecorder struct {
 	soldOut []int64
 }
 
-func (r *soldOutRecorder) SoldOut(id int64) { r.mu.Lock(); r.soldOut = append(r.soldOut, id); r.mu.Unlock() }
+func (r *soldOutRecorder) SoldOut(id int64) {
+	r.mu.Lock()
+	r.soldOut = append(r.soldOut, id)
+	r.mu.Unlock()
+}
 
 // A v2 "sold out" reaches the listeners that act on it and clears no flag;
 // a later version is ignored; v1 news still clears.

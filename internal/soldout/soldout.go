@@ -4,8 +4,9 @@
 // A flag says "this activity had no unit left when we last asked"; it is
 // trusted until its TTL ends or until news arrives that the activity changed
 // (a unit given back, stock raised, a sale rebuilt or edited by an admin):
-// the activity id PUBLISHed on reservation.Channel. Every such event clears
-// the activity's flag on every instance.
+// the activity id PUBLISHed on reservation.Channel (a v1 event; event.go
+// has both forms). Every such event clears the activity's flag on every
+// instance.
 //
 // The race rule: a caller takes a Token for the activity before the request
 // whose answer may set the flag, and Set is refused when an event for that

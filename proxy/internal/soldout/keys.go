@@ -26,7 +26,8 @@ const fetchTimeout = 2 * time.Second
 // sale whose keys cannot be held (forward: sharded, too many, recovering,
 // not sold out by the time of the read, an error) has its keyed purchases
 // forwarded until news, or until retry for the outcomes that may change
-// without news (a read that failed, or found units that then sold).
+// without news (a read that failed, found units that then sold, or met a
+// recovery that then ended).
 type keySet struct {
 	fps     []uint64 // sorted fingerprints of (user, key): a filter whose positives go to the backend
 	forward bool
@@ -130,8 +131,10 @@ func (c *Cache) fetch(id int64) {
 			ks.fps[i] = fingerprint([]byte(p.User), []byte(p.Key))
 		}
 		slices.Sort(ks.fps)
-	case h.Outcome == reservation.HeldOpen || h.Outcome == reservation.HeldNotFound:
-		// Units were left, or no sale: it may sell out without news.
+	case h.Outcome == reservation.HeldOpen || h.Outcome == reservation.HeldNotFound || h.Outcome == reservation.HeldRecovering:
+		// Units were left, or no sale: it may sell out without news. A
+		// recovery may end without news too (sync.lua publishes only when
+		// units came back).
 		ks.retry = time.Now().Add(c.flags.TTL())
 	}
 	c.mu.Lock()
