@@ -2,8 +2,12 @@ package soldout
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
@@ -16,9 +20,10 @@ var soldOutBody = []byte(`{"code":"sold_out","message":"sold out"}`)
 // sale is one activity in the test's Redis, sold through the store as the
 // backends behind every proxy would.
 type sale struct {
-	t  *testing.T
-	st *reservation.Store
-	id int64
+	t   *testing.T
+	rdb redis.UniversalClient
+	st  *reservation.Store
+	id  int64
 }
 
 func newSale(t *testing.T, id, total int64) *sale {
@@ -28,7 +33,7 @@ func newSale(t *testing.T, id, total int64) *sale {
 	now := time.Now()
 	_, _, err := st.Warm(context.Background(), id, reservation.WarmArgs{Total: total, Limit: 5, Start: now.Add(-time.Hour), End: now.Add(time.Hour)})
 	servicetest.Must(t, err, "warm")
-	return &sale{t: t, st: st, id: id}
+	return &sale{t: t, rdb: rdb, st: st, id: id}
 }
 
 // buy reserves one unit for (user, key) and returns its order id.
@@ -231,4 +236,62 @@ func TestSoldOutEventReadsKeys(t *testing.T) {
 	if ks, _ := c.heldBy(45, time.Now()); ks != nil {
 		t.Fatal("a resubscription kept the keys")
 	}
+}
+
+// A sale recovering from a Redis loss: keys MySQL knows may be missing from
+// Redis, so no keyed purchase is answered at the edge (the backend's 503
+// for them stands); once the recovery ended, the keys are read again.
+func TestRecoveringSaleForwardsKeyed(t *testing.T) {
+	t.Parallel()
+	s := newSale(t, 46, 1)
+	s.buy("alice", "k1")
+	c := newCache(s, 50*time.Millisecond, Hooks{})
+	mark := s.st.Keys(46).Recovering
+	servicetest.Must(t, s.rdb.Set(context.Background(), mark, "tok", time.Minute).Err(), "mark recovering")
+	learn(t, c, 46, c.Token())
+	if answered(t, c, 46, time.Now(), "zed", "z") {
+		t.Fatal("a new key answered at the edge while the sale recovers")
+	}
+	servicetest.Must(t, s.rdb.Del(context.Background(), mark).Err(), "end the recovery")
+	time.Sleep(60 * time.Millisecond) // the recovery may end without news: read again after the TTL
+	learn(t, c, 46, c.Token())
+	answered(t, c, 46, time.Now(), "probe", "p") // starts the read again
+	c.Close()
+	if !answered(t, c, 46, time.Now(), "zed", "z") {
+		t.Error("a new key not answered at the edge after the recovery")
+	}
+}
+
+// BenchmarkKeyedLookup is the edge's cost of a keyed purchase of a sold-out
+// sale of 100,000 keys: a fingerprint and a binary search.
+func BenchmarkKeyedLookup(b *testing.B) {
+	c := New(time.Hour, nil)
+	c.src, c.most = keySourceFunc(nil), 1
+	ks := &keySet{fps: make([]uint64, 100_000)}
+	for i := range ks.fps {
+		ks.fps[i] = fingerprint([]byte("user"+strconv.Itoa(i)), []byte("key"))
+	}
+	slices.Sort(ks.fps)
+	c.keys[1] = ks
+	if !c.Learn(1, c.Token(), []byte("application/json"), soldOutBody) {
+		b.Fatal("not learnt")
+	}
+	c.Close()
+	user, key := []byte("user-not-there"), []byte("some-idempotency-key-0123456789")
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, ok := c.Lookup(1, now, user, key); !ok {
+			b.Fatal("not answered")
+		}
+	}
+}
+
+type keySourceFunc func(ctx context.Context, id int64, most int) (reservation.Held, error)
+
+func (f keySourceFunc) HeldKeys(ctx context.Context, id int64, most int) (reservation.Held, error) {
+	if f == nil {
+		return reservation.Held{Outcome: reservation.HeldOpen}, nil
+	}
+	return f(ctx, id, most)
 }
