@@ -175,7 +175,8 @@ func (c *Cache) Reset() {
 // answer is learnt.
 func (c *Cache) SoldOut(id int64) { c.prefetch(id, time.Now()) }
 
-// Close waits for the reads of keys in flight.
+// Close waits for the reads of keys in flight (at shutdown, once no
+// request is served; tests call it to wait for a read they started).
 func (c *Cache) Close() { c.bg.Wait() }
 
 var _ soldout.SoldOutListener = (*Cache)(nil)
