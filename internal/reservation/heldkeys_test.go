@@ -3,6 +3,7 @@ package reservation_test
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -87,5 +88,34 @@ func TestAnnounceSoldOut(t *testing.T) {
 	servicetest.Must(t, err, "receive")
 	if ev, known, err := soldout.ParseEvent(msg.Payload); err != nil || !known || ev.ActivityID != 77 || ev.Kind != soldout.KindSoldOut {
 		t.Errorf("event %q = %+v %v %v", msg.Payload, ev, known, err)
+	}
+}
+
+// A sale of many buckets is read a page of them per call; every key comes
+// back once, and the bound counts across the pages.
+func TestHeldKeysPages(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	st := reservation.New(rdb, prefix)
+	const id, n = 32, 1500 // 32 buckets: three pages
+	warm(t, st, rdb, id, sale{total: n, limit: 1, start: -time.Hour, end: time.Hour})
+	if b, err := st.Buckets(context.Background(), id); err != nil || b != 32 {
+		t.Fatalf("buckets = %d %v, want 32", b, err)
+	}
+	for i := range n {
+		if r := reserve(t, st, id, fmt.Sprint("user-", i), fmt.Sprint("key-", i), 1); r.Outcome != reservation.Reserved {
+			t.Fatalf("reserve %d: %+v", i, r)
+		}
+	}
+	h := heldKeys(t, st, id, n)
+	seen := map[reservation.KeyPair]bool{}
+	for _, p := range h.Pairs {
+		seen[p] = true
+	}
+	if h.Outcome != reservation.HeldSoldOut || len(h.Pairs) != n || len(seen) != n || !seen[reservation.KeyPair{User: "user-1499", Key: "key-1499"}] {
+		t.Fatalf("held keys: %s, %d pairs, %d distinct; want %d", h.Outcome, len(h.Pairs), len(seen), n)
+	}
+	if h := heldKeys(t, st, id, n-1); h.Outcome != reservation.HeldTooMany {
+		t.Errorf("%d keys, most %d: %s", n, n-1, h.Outcome)
 	}
 }
