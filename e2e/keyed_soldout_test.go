@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/seckill/seckill/e2e/internal/stack"
+	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/servicetest"
 )
 
 // sample reads one series (a name with its labels, as exposed) of the
@@ -26,8 +29,7 @@ func sample(t *testing.T, url, series string) int {
 
 // The keyed sold-out tail at the edge, through two bin/proxy in front of
 // one backend: after a sale sold out, the replay of every accepted order
-// (pending or confirmed; a failed one's key is kept likewise: the
-// proxy's soldout tests) gets its order at either proxy and never
+// (pending, confirmed or failed) gets its order at either proxy and never
 // 409; a new key gets the proxy's own 409 and never reaches the backend
 // (counted by the backend's requests); a unit coming back reopens the sale
 // at both proxies.
@@ -37,7 +39,9 @@ func TestProxyKeyedSoldOutAtTheEdge(t *testing.T) {
 	}
 	t.Parallel()
 	const stock = 10
-	s := stack.New(t, stack.Options{Backends: 1, Workers: 1})
+	// Workers start late: the orders stay pending, so that one can fail
+	// (its unit comes back) as a worker fails an order.
+	s := stack.New(t, stack.Options{Backends: 1, Workers: 1, NoStartWorkers: true})
 	sale := s.CreateSale(t, 51, stock, 1)
 	// A long sold_out_ttl: every edge answer below comes from news, not
 	// from a flag that expired. The test client stands for a trusted front
@@ -92,9 +96,11 @@ func TestProxyKeyedSoldOutAtTheEdge(t *testing.T) {
 	}
 	soldOut(1)
 
-	// A unit comes back (the admin raises the stock by one): the stock
-	// event reopens the sale at both proxies.
-	s.CreateSale(t, sale.ID, stock+1, 1)
+	// A unit comes back: u0's order fails, as a worker fails an order
+	// (claimed, written failed in MySQL, settled failed in Redis: settle.lua
+	// gives the unit back and publishes the news). Both proxies reopen the
+	// sale; u0's key stays held by its failed order.
+	fail(t, s, sale.ID, orders["u0 k0"])
 	for i, px := range pxs {
 		before := purchases()
 		stack.WaitFor(t, px.Name+" forwards a new key after the release", 10*time.Second, func() bool {
@@ -109,14 +115,19 @@ func TestProxyKeyedSoldOutAtTheEdge(t *testing.T) {
 		}
 	}
 	soldOut(2)
+	s.StartWorkers(t) // the other orders confirm
 
 	// Every accepted order's replay, at either proxy: its order, never 409.
 	before := purchases()
 	for _, px := range pxs {
 		for k, oid := range orders {
 			user, key, _ := strings.Cut(k, " ")
-			if a := buyAt(t, s, px.URL(), sale.ID, user, key); a.Status != http.StatusAccepted || a.OrderID != oid {
+			a := buyAt(t, s, px.URL(), sale.ID, user, key)
+			if a.Status != http.StatusAccepted || a.OrderID != oid {
 				t.Fatalf("replay of %s at %s: %+v, want 202 with order %s", k, px.Name, a, oid)
+			}
+			if k == "u0 k0" && a.State != "failed" {
+				t.Errorf("replay of the failed order: status %q", a.State)
 			}
 		}
 	}
@@ -140,4 +151,23 @@ func TestProxyKeyedSoldOutAtTheEdge(t *testing.T) {
 		t.Fatalf("the backend saw %d purchases of new keys, want 0 (the edge answers them)", got)
 	}
 	s.Drain(t, sale, nil)
+}
+
+// fail decides a pending order failed as a worker does when its
+// transaction refuses it: claim, the failed row in MySQL, then settle.
+func fail(t *testing.T, s *stack.Stack, id int64, orderID string) {
+	t.Helper()
+	ctx := context.Background()
+	states, err := s.Res.Claim(ctx, id, []string{orderID})
+	servicetest.Must(t, err, "claim")
+	if states[0] != reservation.Claimed {
+		t.Fatalf("claim %s: %s", orderID, states[0])
+	}
+	rec, _, err := s.Res.Order(ctx, id, orderID)
+	servicetest.Must(t, err, "order record")
+	_, err = s.DB.ExecContext(ctx, `INSERT INTO orders (order_id, activity_id, user_id, quantity, status, reason) VALUES (?,?,?,?,'failed','test_failed')`,
+		orderID, id, rec.UserID, rec.Quantity)
+	servicetest.Must(t, err, "insert the failed order")
+	_, err = s.Res.Settle(ctx, id, []reservation.Settlement{{OrderID: orderID, Reason: "test_failed", Quantity: rec.Quantity, UserID: rec.UserID}})
+	servicetest.Must(t, err, "settle")
 }
