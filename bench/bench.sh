@@ -10,10 +10,12 @@
 #   2r. max rate, read mix     (2) with the read mix of a real sale: sale-state
 #                              polls through the warm-up and a long-poll of
 #                              each accepted order until it settles
-#   4. sold-out tail           sold-out answers/s once the stock is gone, with
-#                              keyed purchases (the backend answers: a key may
-#                              name an order) and with unkeyed ones (the
-#                              proxy answers from its sold-out flag)
+#   4. sold-out tail           answers/s once the stock is gone, with keyed
+#                              purchases (the proxy answers a new key from the
+#                              keys holding an order; 10% of them replay a key
+#                              answered 202, which the backend answers with its
+#                              order) and with unkeyed ones (the proxy answers
+#                              from its sold-out flag)
 #   5. drain from a deep queue workers paused (SIGSTOP) during the load, then
 #                              resumed: orders/s written to MySQL
 #   6. memory per order        Redis used_memory (own redis-server when
@@ -391,7 +393,7 @@ sc_half() {
 }
 
 sc_soldout() {
-	run_bench "$1" soldout -stock=100 -users=1000000 -duration=1s -tail="$DURATION" -connections="$CONNS"
+	run_bench "$1" soldout -stock=100 -users=1000000 -duration=1s -tail="$DURATION" -connections="$CONNS" -replay-share=0.1
 }
 
 sc_soldout_unkeyed() {

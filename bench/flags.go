@@ -54,6 +54,7 @@ var configFlags = []configFlag{
 	{"source-ips", "[bench] source_ips", "distinct client source addresses (0: default address)", func(c *conf.Config) any { return &c.Bench.SourceIPs }},
 	{"source-net", "[bench] source_net", "loopback CIDR the source addresses come from", func(c *conf.Config) any { return &c.Bench.SourceNet }},
 	{"hot-share", "[bench] hot_share", "fraction of users behind a few shared addresses", func(c *conf.Config) any { return &c.Bench.HotShare }},
+	{"replay-share", "[bench] replay_share", "fraction of the tail's keyed purchases that replay a key answered 202 earlier in the run", func(c *conf.Config) any { return &c.Bench.ReplayShare }},
 	{"unkeyed-share", "[bench] unkeyed_share", "fraction of purchases sent without an Idempotency-Key (never retried)", func(c *conf.Config) any { return &c.Bench.UnkeyedShare }},
 	{"forwarded-for", "[bench] forwarded_for", "send client addresses in X-Forwarded-For instead of binding them", func(c *conf.Config) any { return &c.Bench.ForwardedFor }},
 	{"retries", "[bench] retries", "retries with the same Idempotency-Key", func(c *conf.Config) any { return &c.Bench.Retries }},

@@ -105,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Targets: b.Targets, ActivityID: b.ActivityID, Users: b.Users, UserPrefix: "u", Quantity: 1,
 		Warmup: b.Warmup.Duration, Rush: b.Duration.Duration, Tail: b.Tail.Duration,
 		Rate: b.Rate, Connections: b.Connections, MaxInFlight: b.MaxInFlight,
-		HotShare: b.HotShare, UnkeyedShare: b.UnkeyedShare, ForwardedFor: b.ForwardedFor,
+		HotShare: b.HotShare, UnkeyedShare: b.UnkeyedShare, ReplayShare: b.ReplayShare, ForwardedFor: b.ForwardedFor,
 		RequestTimeout: b.RequestTimeout.Duration, Retries: b.Retries,
 		StatePollRate: b.StatePollRate, OrderWait: b.OrderWait.Duration,
 	}
@@ -215,7 +215,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rr := report.Run{StartedAt: start, Targets: b.Targets, AdminURL: b.AdminURL, ActivityID: b.ActivityID,
 		Stock: b.Stock, PerUserLimit: b.PerUserLimit, Users: b.Users, Model: model, Rate: b.Rate,
 		Warmup: lc.Warmup.Seconds(), Rush: lc.Rush.Seconds(), Tail: lc.Tail.Seconds(),
-		SourceIPs: b.SourceIPs, HotShare: b.HotShare, UnkeyedShare: b.UnkeyedShare, ForwardedFor: b.ForwardedFor, Retries: b.Retries,
+		SourceIPs: b.SourceIPs, HotShare: b.HotShare, UnkeyedShare: b.UnkeyedShare, ReplayShare: b.ReplayShare, ForwardedFor: b.ForwardedFor, Retries: b.Retries,
 		Redis: string(cfg.Redis.Target().Kind)}
 	if model == "closed" {
 		rr.Connections = b.Connections

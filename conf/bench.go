@@ -42,6 +42,10 @@ type Bench struct {
 	// Idempotency-Key (never retried: a retry without a key may buy again).
 	// Only those may be answered sold_out by the proxy itself.
 	UnkeyedShare float64 `toml:"unkeyed_share"`
+	// ReplayShare is the fraction of the tail's keyed purchases that replay
+	// a key answered 202 earlier in the run (same user, same key): each
+	// must get its order again, never sold_out.
+	ReplayShare float64 `toml:"replay_share"`
 	// ForwardedFor sends the synthetic client address in X-Forwarded-For
 	// instead of binding it; only for proxies that trust the bench.
 	ForwardedFor bool `toml:"forwarded_for"`
@@ -134,6 +138,9 @@ func (b *Bench) validate(p *problems) {
 	}
 	if b.UnkeyedShare < 0 || b.UnkeyedShare > 1 || b.UnkeyedShare != b.UnkeyedShare {
 		p.add("bench.unkeyed_share", "must be between 0 and 1, got %v", b.UnkeyedShare)
+	}
+	if b.ReplayShare < 0 || b.ReplayShare > 1 || b.ReplayShare != b.ReplayShare {
+		p.add("bench.replay_share", "must be between 0 and 1, got %v", b.ReplayShare)
 	}
 	checkPositive(p, "bench.request_timeout", b.RequestTimeout)
 	checkRange(p, "bench.retries", b.Retries, 0, 100)

@@ -39,8 +39,12 @@ type Proxy struct {
 	// window stays exact: the store holds the log).
 	MaxClientStates int `toml:"max_client_states"`
 	// SoldOutTTL is how long the proxy answers a sold-out activity itself.
-	SoldOutTTL    Duration `toml:"sold_out_ttl"`
-	ShutdownGrace Duration `toml:"shutdown_grace"`
+	SoldOutTTL Duration `toml:"sold_out_ttl"`
+	// SoldOutKeysMax bounds the keys holding an order of a sold-out sale
+	// that the proxy reads and keeps to answer keyed purchases itself; a
+	// sale with more (or 0 here) has its keyed purchases forwarded.
+	SoldOutKeysMax int      `toml:"sold_out_keys_max"`
+	ShutdownGrace  Duration `toml:"shutdown_grace"`
 	// DrainDelay is how long the admin /readyz fails after SIGTERM, while
 	// requests are still forwarded, before the listeners close.
 	DrainDelay Duration `toml:"drain_delay"`
@@ -138,6 +142,7 @@ func defaultProxy() Proxy {
 		RedisTimeout:    D(20 * time.Millisecond),
 		MaxClientStates: 262144,
 		SoldOutTTL:      D(time.Second),
+		SoldOutKeysMax:  100_000,
 		ShutdownGrace:   D(10 * time.Second),
 		DenyPrefixes:    DefaultDenyPrefixes(),
 	}
@@ -179,6 +184,7 @@ func (x *Proxy) validate(p *problems) {
 	checkPositive(p, "proxy.redis_timeout", x.RedisTimeout)
 	checkRange(p, "proxy.max_client_states", x.MaxClientStates, 64, 100_000_000)
 	checkPositive(p, "proxy.sold_out_ttl", x.SoldOutTTL)
+	checkRange(p, "proxy.sold_out_keys_max", x.SoldOutKeysMax, 0, 10_000_000)
 	checkPositive(p, "proxy.shutdown_grace", x.ShutdownGrace)
 	checkNonNegative(p, "proxy.drain_delay", x.DrainDelay)
 	for i, d := range x.DenyPrefixes {

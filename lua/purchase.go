@@ -24,6 +24,9 @@ var (
 	Archive  = load("archive.lua", record)
 	Restore  = load("restore.lua", record)
 	Order    = load("order.lua", record)
+	// HeldKeys reads the keys that hold an order in a sold-out sale (the
+	// proxy's keyed sold-out answers).
+	HeldKeys = load("heldkeys.lua", record)
 )
 
 // consumerRegistry holds the helpers of the drain markers' consumer registry.

@@ -128,6 +128,7 @@ loop:
 	}
 	bgCancel()
 	wg.Wait()
+	p.Handler.SoldOut.Close()
 	return serveErr
 }
 

@@ -40,7 +40,8 @@ FUZZ_TARGETS := \
 	./internal/ordermsg:FuzzDecodeMessage \
 	./proxy/internal/token:FuzzExtract \
 	./proxy/internal/token:FuzzVerify \
-	./proxy/internal/access:FuzzDenied
+	./proxy/internal/access:FuzzDenied \
+	./internal/soldout:FuzzParseEvent
 
 chaos: services
 	@mkdir -p $(CHAOS_OUT)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/seckill/seckill/internal/soldout"
 	"github.com/seckill/seckill/lua"
 )
 
@@ -140,6 +141,15 @@ func OrderChannel(prefix string) string { return prefix + "seckill:order-events"
 func (s *Store) Announce(ctx context.Context, activityID int64) error {
 	if err := s.rdb.Publish(ctx, Channel(s.prefix), activityID).Err(); err != nil {
 		return fmt.Errorf("announce activity %d: %w", activityID, err)
+	}
+	return nil
+}
+
+// AnnounceSoldOut publishes on Channel that an activity has no unit left
+// (the v2 event of internal/soldout; subscribers before v2 ignore it).
+func (s *Store) AnnounceSoldOut(ctx context.Context, activityID int64) error {
+	if err := s.rdb.Publish(ctx, Channel(s.prefix), soldout.SoldOutEvent(activityID)).Err(); err != nil {
+		return fmt.Errorf("announce activity %d sold out: %w", activityID, err)
 	}
 	return nil
 }

@@ -4,8 +4,9 @@
 // A flag says "this activity had no unit left when we last asked"; it is
 // trusted until its TTL ends or until news arrives that the activity changed
 // (a unit given back, stock raised, a sale rebuilt or edited by an admin):
-// the activity id PUBLISHed on reservation.Channel. Every such event clears
-// the activity's flag on every instance.
+// the activity id PUBLISHed on reservation.Channel (a v1 event; event.go
+// has both forms). Every such event clears the activity's flag on every
+// instance.
 //
 // The race rule: a caller takes a Token for the activity before the request
 // whose answer may set the flag, and Set is refused when an event for that
@@ -20,7 +21,6 @@ import (
 	"errors"
 	"log/slog"
 	"math"
-	"strconv"
 	"sync"
 	"time"
 
@@ -143,6 +143,10 @@ func (f *Flags) TTL() time.Duration { return f.ttl }
 // Token is taken before the request whose answer may set a flag.
 func (f *Flags) Token() Token { return f.news.Token() }
 
+// Stale reports whether news about id (or a resubscription) arrived after
+// tok was taken: what was read before then may no longer hold.
+func (f *Flags) Stale(id int64, tok Token) bool { return f.news.Since(id, tok) }
+
 // Has reports whether id is flagged at now.
 func (f *Flags) Has(id int64, now time.Time) bool {
 	f.mu.RLock()
@@ -195,6 +199,13 @@ type Listener interface {
 	Changed(id int64)
 	// Reset: (re)subscribed; events sent meanwhile are lost.
 	Reset()
+}
+
+// SoldOutListener is a Listener that acts on the news "sold out" too (a v2
+// event, event.go); other listeners ignore it.
+type SoldOutListener interface {
+	Listener
+	SoldOut(id int64)
 }
 
 // Changed makes Flags a Listener.
@@ -260,13 +271,23 @@ func Watch(ctx context.Context, rdb redis.UniversalClient, channel string, log *
 				log.Debug("stock events subscribed", "channel", m.Channel)
 				signal()
 			case *redis.Message:
-				id, err := strconv.ParseInt(m.Payload, 10, 64)
-				if err != nil || id <= 0 {
-					log.Warn("stock event with a bad activity id", "channel", channel, "payload", m.Payload)
+				ev, known, err := ParseEvent(m.Payload)
+				if err != nil {
+					log.Warn("stock event ignored", "channel", channel, "err", err)
+					continue
+				}
+				if !known {
+					log.Debug("stock event of a later version ignored", "channel", channel, "payload", m.Payload)
 					continue
 				}
 				for _, l := range ls {
-					l.Changed(id)
+					if ev.Kind == KindSoldOut {
+						if so, ok := l.(SoldOutListener); ok {
+							so.SoldOut(ev.ActivityID)
+						}
+						continue
+					}
+					l.Changed(ev.ActivityID)
 				}
 			}
 		}

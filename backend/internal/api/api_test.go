@@ -90,8 +90,21 @@ type stack struct {
 // the service on the same subscription, so an event it records has already
 // reached the service's caches.
 type heard struct {
-	mu  sync.Mutex
-	ids map[int64]bool
+	mu      sync.Mutex
+	ids     map[int64]bool
+	soldOut map[int64]int // v2 "sold out" events per activity
+}
+
+func (h *heard) SoldOut(id int64) {
+	h.mu.Lock()
+	h.soldOut[id]++
+	h.mu.Unlock()
+}
+
+func (h *heard) soldOuts(id int64) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.soldOut[id]
 }
 
 func (h *heard) Changed(id int64) {
@@ -174,7 +187,7 @@ func newStackOn(t *testing.T, scfg sale.Config, rdb redis.UniversalClient, dsn s
 	wctx, stop := context.WithCancel(ctx)
 	var watched sync.WaitGroup
 	subscribed := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
-	events := &heard{ids: map[int64]bool{}}
+	events := &heard{ids: map[int64]bool{}, soldOut: map[int64]int{}}
 	watched.Go(func() { soldout.Watch(wctx, rdb, reservation.Channel(prefix), log, subscribed[0], svc, events) })
 	watched.Go(func() { svc.WatchOrders(wctx, rdb, subscribed[1]) })
 	t.Cleanup(func() { stop(); watched.Wait() })
@@ -720,6 +733,46 @@ func TestSoldOutFlag(t *testing.T) {
 			t.Fatalf("after a unit came back: %d %s", r.status, r.raw)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The backend announces a sale sold out (a v2 stock event, for the proxies
+// to read its keys) once per fresh flag: not for every sold_out answer, and
+// again after news cleared the flag and the sale sold out anew.
+func TestSoldOutAnnounced(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, time.Hour)
+	const id = 19
+	s.openSale(t, id, 1, 1)
+	first := s.buy(t, id, "a", "ka", "")
+	if first.status != 202 {
+		t.Fatalf("first: %d %s", first.status, first.raw)
+	}
+	for _, u := range []string{"b", "c", "d"} { // keyed: each reaches reserve.lua
+		if r := s.buy(t, id, u, "k"+u, ""); r.status != 409 || r.body["code"] != "sold_out" {
+			t.Fatalf("%s: %d %s", u, r.status, r.raw)
+		}
+	}
+	s.caughtUp(t)
+	if n := s.heard.soldOuts(id); n != 1 {
+		t.Fatalf("%d sold-out events for three sold_out answers, want 1", n)
+	}
+	oid, _ := first.body["order_id"].(string)
+	s.settle(t, id, oid, false) // a unit comes back: news clears the flag
+	deadline := time.Now().Add(20 * time.Second)
+	for s.buy(t, id, "e", "ke", "").status != 202 {
+		if time.Now().After(deadline) {
+			t.Fatal("the unit that came back was never sold")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.caughtUp(t) // the news of the unit that came back has cleared the flag
+	if r := s.buy(t, id, "f", "kf", ""); r.status != 409 {
+		t.Fatalf("f: %d %s", r.status, r.raw)
+	}
+	s.caughtUp(t)
+	if n := s.heard.soldOuts(id); n != 2 {
+		t.Fatalf("%d sold-out events after the second sell-out, want 2", n)
 	}
 }
 

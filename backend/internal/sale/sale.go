@@ -231,8 +231,12 @@ func (s *Service) Purchase(ctx context.Context, r PurchaseRequest) (PurchaseResu
 		}
 		return PurchaseResult{Outcome: Accepted, OrderID: res.OrderID, Status: res.State.Public(), Replay: true}, nil
 	case reservation.SoldOut:
+		fresh := !s.soldOut.Has(r.ActivityID, now)
 		if s.soldOut.Set(r.ActivityID, epoch, s.now()) {
 			s.state.soldOut(r.ActivityID)
+			if fresh {
+				s.announceSoldOut(r.ActivityID)
+			}
 		}
 		return PurchaseResult{Outcome: SoldOut}, nil
 	case reservation.Insufficient, reservation.LimitExceeded, reservation.NotStarted, reservation.BadQuantity:
@@ -417,6 +421,19 @@ func (s *Service) later(deadline time.Time, count func(string), once func() erro
 			wait = min(2*wait, time.Second)
 		}
 	}()
+}
+
+// announceSoldOut tells every subscriber of the stock events that the sale
+// has no unit left (a v2 event, internal/soldout), once per fresh flag of
+// this backend: the proxies read the keys that hold an order then, so they
+// can answer keyed purchases. A shortcut only (a proxy also learns from the
+// sold-out answers it forwards): one try, in the background, no retry.
+func (s *Service) announceSoldOut(id int64) {
+	s.later(time.Now(), func(r string) { s.m.purchased("sold_out_event_" + r) }, func() error {
+		rctx, cancel := context.WithTimeout(context.Background(), s.cfg.RedisTimeout)
+		defer cancel()
+		return s.store.AnnounceSoldOut(rctx, id)
+	}, func(error) {})
 }
 
 func (s *Service) undoOnce(r PurchaseRequest, orderID, reason string) (reservation.ReleaseOutcome, error) {

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -43,6 +44,9 @@ type Config struct {
 	// UnkeyedShare of the purchases go without an Idempotency-Key, and are
 	// never retried.
 	UnkeyedShare float64
+	// ReplayShare of the tail's keyed purchases replay a key answered 202
+	// earlier in the run (its user and key), when there is one.
+	ReplayShare  float64
 	ForwardedFor bool
 
 	RequestTimeout time.Duration
@@ -103,6 +107,47 @@ type Runner struct {
 	hotIPs  int
 	hotUser int
 	reads   *reads
+	// accepted holds purchases answered 202 (up to maxReplayable), which
+	// the tail replays (Config.ReplayShare).
+	acceptedMu sync.Mutex
+	accepted   []replayable
+	tailKeyed  atomic.Uint64
+}
+
+// replayable is a keyed purchase answered 202: its user and key.
+type replayable struct {
+	user int
+	key  string
+}
+
+// maxReplayable bounds the accepted purchases kept for replays: a sale of
+// millions of units needs no more than this to pick replays from.
+const maxReplayable = 1 << 16
+
+func (r *Runner) keepAccepted(user int, key string) {
+	r.acceptedMu.Lock()
+	if len(r.accepted) < maxReplayable {
+		r.accepted = append(r.accepted, replayable{user, key})
+	}
+	r.acceptedMu.Unlock()
+}
+
+// replayDue counts the tail's keyed purchases and says which replay: the
+// n-th does when ceil(n × share) steps up, so that at least the share of
+// them replays however short the run (a coin per purchase fell short).
+func (r *Runner) replayDue() bool {
+	n := float64(r.tailKeyed.Add(1))
+	return math.Ceil(n*r.cfg.ReplayShare) > math.Ceil((n-1)*r.cfg.ReplayShare)
+}
+
+// replay picks a purchase answered 202 earlier, if there is one.
+func (r *Runner) replay() (replayable, bool) {
+	r.acceptedMu.Lock()
+	defer r.acceptedMu.Unlock()
+	if len(r.accepted) == 0 {
+		return replayable{}, false
+	}
+	return r.accepted[rand.IntN(len(r.accepted))], true
 }
 
 // NewRunner prepares clients; nothing is sent yet.
@@ -395,16 +440,24 @@ func (r *Runner) closedLoop(ctx context.Context, tl Timeline) {
 
 // purchase is one logical purchase: a random user, a fresh Idempotency-Key,
 // retried with the same key after 502/503/504 or a connection error; or,
-// for UnkeyedShare of them, no key and no retry.
+// for UnkeyedShare of them, no key and no retry; or, for ReplayShare of the
+// tail's keyed ones, the user and key of a purchase answered 202 before.
 func (r *Runner) purchase(ctx context.Context, tl Timeline, intended time.Time) {
+	phase := r.phaseOf(tl, intended)
 	user := rand.IntN(r.cfg.Users)
-	src := r.sourceOf(user)
-	key := ""
+	key, replay := "", false
 	if r.cfg.UnkeyedShare == 0 || rand.Float64() >= r.cfg.UnkeyedShare {
 		key = r.runID + "-" + strconv.FormatUint(r.keys.Add(1), 36)
+		if phase == Tail && r.cfg.ReplayShare > 0 && r.replayDue() {
+			var a replayable
+			if a, replay = r.replay(); replay {
+				user, key = a.user, a.key
+			}
+		}
 	}
+	src := r.sourceOf(user)
 	body := `{"quantity":` + strconv.Itoa(r.cfg.Quantity) + `}`
-	res := Result{Phase: r.phaseOf(tl, intended), User: user, IP: src, Key: key, UserID: r.cfg.UserPrefix + strconv.Itoa(user), Purchase: true}
+	res := Result{Phase: phase, User: user, IP: src, Key: key, UserID: r.cfg.UserPrefix + strconv.Itoa(user), Purchase: true, Replay: replay}
 	for attempt := 0; ; attempt++ {
 		t := r.nextTarget()
 		status, code, orderID, retryAfter, err := r.do(t, src, fasthttp.MethodPost, t.purchaseURL, res.UserID, key, []byte(body))
@@ -431,6 +484,9 @@ func (r *Runner) purchase(ctx context.Context, tl Timeline, intended time.Time) 
 	res.Done = time.Now()
 	res.Latency = res.Done.Sub(intended)
 	r.rec.Record(res, intended)
+	if res.Status == 202 && res.OrderID != "" && key != "" && !replay && r.cfg.ReplayShare > 0 {
+		r.keepAccepted(user, key)
+	}
 	if res.Status == 202 && res.OrderID != "" {
 		r.waitOrder(res.OrderID, res.UserID, src, res.Done)
 	}

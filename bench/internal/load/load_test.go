@@ -360,3 +360,38 @@ func TestClassify(t *testing.T) {
 		t.Error("MixKey")
 	}
 }
+
+// The keyed tail's replays: at least ReplayShare of the tail's purchases
+// replay a key answered 202 in the rush (its user and key), and each gets
+// its order again. A fixed plan, as TestSoldOutTail.
+func TestReplayShare(t *testing.T) {
+	s := newShop(20)
+	cfg := baseConfig(serve(t, s))
+	cfg.Rate = 1000
+	cfg.ReplayShare = 0.1
+	snap := run(t, cfg).Snapshot()
+	tail := snap.Phases[Tail]
+	replays := int64(0)
+	for _, m := range snap.ReplayMix {
+		if m.Key != "202" {
+			t.Errorf("a replay answered %s ×%d, want 202", m.Key, m.Count)
+		}
+		replays += m.Count
+	}
+	if tail.Requests != 100 || replays < tail.Requests/10 || replays > tail.Requests/10+1 {
+		t.Errorf("%d replays of %d tail purchases, want 10%%", replays, tail.Requests)
+	}
+	if tail.Classes[Accepted] != replays || tail.Classes[SoldOut] != tail.Requests-replays {
+		t.Errorf("tail answers %v, want the %d replays accepted and the rest sold out", tail.Classes, replays)
+	}
+	byKey := map[string]string{}
+	for _, a := range snap.Accepted {
+		if prev, ok := byKey[a.UserID+":"+a.Key]; ok && prev != a.OrderID {
+			t.Errorf("key %s:%s answered %s and %s", a.UserID, a.Key, prev, a.OrderID)
+		}
+		byKey[a.UserID+":"+a.Key] = a.OrderID
+	}
+	if len(byKey) != 20 || int64(len(snap.Accepted)) != 20+replays {
+		t.Errorf("%d keys answered 202 in %d answers, want 20 keys and each replay answered again", len(byKey), len(snap.Accepted))
+	}
+}

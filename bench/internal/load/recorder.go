@@ -100,6 +100,7 @@ type Result struct {
 	Key         string
 	UserID      string
 	Purchase    bool // false for the warm-up's reads
+	Replay      bool // the replay of a key answered 202 before (Config.ReplayShare)
 }
 
 // MixKey names a status/code pair, e.g. "409 sold_out", "429 purchase-ip".
@@ -140,13 +141,15 @@ type Recorder struct {
 	mix      map[string]int64
 	readMix  map[string]int64
 	retryMix map[string]int64
-	series   []*Point
-	accepted []verify.Accepted
-	retries  int64
-	users    []uint64 // bitset of users that sent a purchase
-	ips      []uint64 // bitset of source addresses used
-	nUsers   int64
-	nIPs     int64
+	// replayMix: the answers to replays of keys answered 202 before.
+	replayMix map[string]int64
+	series    []*Point
+	accepted  []verify.Accepted
+	retries   int64
+	users     []uint64 // bitset of users that sent a purchase
+	ips       []uint64 // bitset of source addresses used
+	nUsers    int64
+	nIPs      int64
 
 	done     atomic.Int64
 	inFlight atomic.Int64
@@ -155,7 +158,7 @@ type Recorder struct {
 
 // NewRecorder starts the clock at start; bucket is the series resolution.
 func NewRecorder(start time.Time, bucket time.Duration, users, ips int) *Recorder {
-	r := &Recorder{start: start, bucket: bucket, mix: map[string]int64{}, readMix: map[string]int64{}, retryMix: map[string]int64{},
+	r := &Recorder{start: start, bucket: bucket, mix: map[string]int64{}, readMix: map[string]int64{}, retryMix: map[string]int64{}, replayMix: map[string]int64{},
 		users: make([]uint64, users/64+1), ips: make([]uint64, ips/64+1)}
 	for i := range r.classes {
 		r.classes[i] = hist.New(11)
@@ -218,6 +221,9 @@ func (r *Recorder) Record(res Result, intended time.Time) {
 		return
 	}
 	r.mix[MixKey(res.Status, res.Code)]++
+	if res.Replay {
+		r.replayMix[MixKey(res.Status, res.Code)]++
+	}
 	r.classes[class].Record(us)
 	if setBit(r.users, res.User) {
 		r.nUsers++
@@ -265,6 +271,7 @@ type Snapshot struct {
 	Mix          []MixEntry // purchases
 	ReadMix      []MixEntry // the warm-up's reads
 	RetryMix     []MixEntry // answers that were retried
+	ReplayMix    []MixEntry // answers to replays of keys answered 202 before
 	Series       []Point
 	Accepted     []verify.Accepted
 	Retries      int64
@@ -296,7 +303,7 @@ func (r *Recorder) Snapshot() Snapshot {
 		cp.Hist.Merge(ps.Hist)
 		s.Phases[Phase(p)] = cp
 	}
-	s.Mix, s.ReadMix, s.RetryMix = sortedMix(r.mix), sortedMix(r.readMix), sortedMix(r.retryMix)
+	s.Mix, s.ReadMix, s.RetryMix, s.ReplayMix = sortedMix(r.mix), sortedMix(r.readMix), sortedMix(r.retryMix), sortedMix(r.replayMix)
 	for _, p := range r.series {
 		cp := Point{Classes: p.Classes, Hist: hist.New(7)}
 		cp.Hist.Merge(p.Hist)

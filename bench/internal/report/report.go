@@ -35,6 +35,7 @@ type Run struct {
 	SourceIPs    int       `json:"source_ips"`
 	HotShare     float64   `json:"hot_share"`
 	UnkeyedShare float64   `json:"unkeyed_share,omitempty"`
+	ReplayShare  float64   `json:"replay_share,omitempty"`
 	ForwardedFor bool      `json:"forwarded_for"`
 	Retries      int       `json:"max_retries"`
 	Redis        string    `json:"redis,omitempty"` // conf.RedisKind: node, cluster, sentinel
@@ -97,16 +98,18 @@ type Summary struct {
 
 // Report is the whole result of a run; it is also the JSON document.
 type Report struct {
-	Tool     string             `json:"tool"`
-	Run      Run                `json:"run"`
-	Summary  Summary            `json:"summary"`
-	Phases   []Phase            `json:"phases"`
-	Latency  []ClassLatency     `json:"latency"`
-	Mix      []load.MixEntry    `json:"answers"`
-	ReadMix  []load.MixEntry    `json:"warmup_answers"`
-	RetryMix []load.MixEntry    `json:"retried_answers"`
-	Timeline Timeline           `json:"timeline"`
-	Drain    verify.DrainResult `json:"drain"`
+	Tool     string          `json:"tool"`
+	Run      Run             `json:"run"`
+	Summary  Summary         `json:"summary"`
+	Phases   []Phase         `json:"phases"`
+	Latency  []ClassLatency  `json:"latency"`
+	Mix      []load.MixEntry `json:"answers"`
+	ReadMix  []load.MixEntry `json:"warmup_answers"`
+	RetryMix []load.MixEntry `json:"retried_answers"`
+	// ReplayMix: the answers to the tail's replays of keys answered 202.
+	ReplayMix []load.MixEntry    `json:"replay_answers,omitempty"`
+	Timeline  Timeline           `json:"timeline"`
+	Drain     verify.DrainResult `json:"drain"`
 	// Reads are the read mix (sale-state polls, order waits); nil when the
 	// run had none.
 	Reads    *load.ReadsSnapshot `json:"reads,omitempty"`
@@ -160,7 +163,7 @@ func RedisCallsOver(before, after map[string]redisnodes.Calls) []NodeCalls {
 
 // Build assembles a report.
 func Build(run Run, snap load.Snapshot, tl load.Timeline, drain verify.DrainResult, api *verify.APIState, v verify.Verdict) *Report {
-	r := &Report{Tool: "seckill-bench", Run: run, Drain: drain, API: api, Verdict: v, Line: v.Line(), Mix: snap.Mix, ReadMix: snap.ReadMix, RetryMix: snap.RetryMix}
+	r := &Report{Tool: "seckill-bench", Run: run, Drain: drain, API: api, Verdict: v, Line: v.Line(), Mix: snap.Mix, ReadMix: snap.ReadMix, RetryMix: snap.RetryMix, ReplayMix: snap.ReplayMix}
 	if r.Mix == nil {
 		r.Mix = []load.MixEntry{}
 	}
@@ -332,6 +335,30 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "clients: %d distinct users, %d source addresses, %d retries; first sold-out answer %s\n",
 		s.DistinctUsers, s.DistinctIPs, s.Retries, soldOut)
+	if len(r.ReplayMix) > 0 {
+		// The contract: a replay of an accepted order gets that order
+		// (or 503 while unknown), never sold_out.
+		var n, soldOut int64
+		b.WriteString("tail replays of keys answered 202:")
+		for _, m := range r.ReplayMix {
+			fmt.Fprintf(&b, " %s ×%d;", m.Key, m.Count)
+			n += m.Count
+			if strings.HasPrefix(m.Key, "409") {
+				soldOut += m.Count
+			}
+		}
+		var tail int64
+		for _, p := range r.Phases {
+			if p.Name == load.Tail.String() {
+				tail = p.Requests
+			}
+		}
+		fmt.Fprintf(&b, " %d of %d tail purchases", n, tail)
+		if soldOut > 0 {
+			fmt.Fprintf(&b, "; CONTRACT BROKEN: %d replays answered 409", soldOut)
+		}
+		b.WriteString("\n")
+	}
 	if len(r.RetryMix) > 0 {
 		b.WriteString("retried (same Idempotency-Key) after:")
 		for _, m := range r.RetryMix {

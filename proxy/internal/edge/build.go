@@ -18,6 +18,7 @@ import (
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/connlimit"
 	"github.com/seckill/seckill/internal/metrics"
+	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/proxy/internal/forward"
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
@@ -86,6 +87,7 @@ func New(cfg conf.Config, rdb redis.UniversalClient, log *slog.Logger, opts ...O
 	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg),
 		ReadCache: readcache.New(cfg.Proxy.Rules, reg), Registry: reg,
 		Security: NewSecurityMetrics(reg), metrics: metrics.Handler(reg)}
+	h.SoldOut.EnableKeys(reservation.New(rdb, cfg.Redis.KeyPrefix), cfg.Proxy.SoldOutKeysMax, soldout.Hooks{})
 	h.SetRules(rules)
 	h.SetGate(gate)
 	RegisterGauges(reg, lim)

@@ -84,11 +84,13 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if h.SoldOut != nil {
 		if soldID, purchase = soldout.PurchaseID(method, path); purchase {
 			tok = h.SoldOut.Token()
-			// A keyed purchase may be the replay of an accepted order: only
-			// the backend can answer it (with that order), so it goes on. (Its
-			// sold_out answer for a new key is still learnt below.)
-			keyed := len(ctx.Request.Header.PeekBytes(hdrIdempotencyKey)) > 0
-			if body, ctype, ok := h.lookupSoldOut(soldID, ctx.Time(), keyed); ok {
+			// A keyed purchase may be the replay of an accepted order: the
+			// cache answers it only when its key holds no order of the sale
+			// (a replay goes on, and the backend answers it with its order).
+			// The headers are read as they go upstream: the gate above has
+			// set or dropped X-User-ID already.
+			rh := &ctx.Request.Header
+			if body, ctype, ok := h.SoldOut.Lookup(soldID, ctx.Time(), rh.PeekBytes(hdrUserID), rh.PeekBytes(hdrIdempotencyKey)); ok {
 				ctx.SetStatusCode(fasthttp.StatusConflict)
 				ctx.SetContentTypeBytes(ctype)
 				ctx.SetBody(body)
@@ -164,14 +166,6 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	if readTTL > 0 {
 		h.ReadCache.Store([]byte(readKey), path, readTok, &ctx.Response, readTTL, time.Now())
 	}
-}
-
-// lookupSoldOut is the edge's sold-out answer for an unkeyed purchase.
-func (h *Handler) lookupSoldOut(id int64, now time.Time, keyed bool) (body, ctype []byte, ok bool) {
-	if keyed {
-		return nil, nil, false
-	}
-	return h.SoldOut.Lookup(id, now)
 }
 
 // requestPath is the path rules match: ctx.Path() (decoded, dot segments
