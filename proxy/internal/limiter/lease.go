@@ -13,7 +13,8 @@ import (
 // window keeps 2 x live x lease free, and scores them at the end of the
 // spending time, so a slot spent before then counts in every interval that
 // holds the moment it was spent (lua/ratelimit.lua; docs/limiter.md).
-// Slots left unspent when the spending time ends go back to Redis (ZREM),
+// Slots left unspent when the spending time ends go back to Redis (ZREM;
+// never dropped, or a burst would stop short of its limit),
 // and a window full while leases may still come back says so in its reset.
 // Nothing waits on a lease.
 const (

@@ -42,7 +42,8 @@ type Redis struct {
 	live    atomic.Int64
 	lastOK  atomic.Int64 // mono ns when Redis last answered a call
 	leases  *leases
-	backs   atomic.Int32 // give-backs in flight
+	backs   atomic.Int32  // give-backs in flight or waiting
+	backSem chan struct{} // give-back calls at once
 	m       *Metrics
 	log     *slog.Logger
 	pool    sync.Pool // *op
@@ -83,6 +84,7 @@ func NewRedis(rdb redis.Cmdable, instance string, timeout time.Duration, m *Metr
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	s := &Redis{rdb: rdb, cluster: cluster, id: instance, timeout: timeout, queue: make(chan *op, maxQueue), m: m, log: log}
+	s.backSem = make(chan struct{}, 4)
 	s.leases = newLeases(s.giveBack, s.prefetch)
 	s.pool.New = func() any { return &op{done: make(chan struct{}, 1)} }
 	s.bufs.New = func() any { return new(takeBufs) }
@@ -186,15 +188,14 @@ func (s *Redis) prefetch(w Want, ask int) {
 	s.m.leased.Add(float64(leased[0].n))
 }
 
-// giveBack removes slots this instance will not spend (at most 4 calls at
-// once, beside the flushers' 4 in go-redis's pool; past that they slide
-// out).
+// giveBack removes slots this instance will not spend, at most 4 calls at
+// once (beside the flushers' 4 in go-redis's pool); the others wait their
+// turn on their own goroutines, never a request.
 func (s *Redis) giveBack(key string, members []string) {
-	if s.backs.Add(1) > 4 {
-		s.backs.Add(-1)
-		return
-	}
+	s.backs.Add(1)
 	defer s.backs.Add(-1)
+	s.backSem <- struct{}{}
+	defer func() { <-s.backSem }()
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	args := make([]any, len(members))
