@@ -12,9 +12,12 @@
 -- members "<instance>:<seq>:<op>:l<j>" scored at that end of the spending
 -- time, so each counts from no earlier than any hit spent from it (every
 -- interval holding a spent hit and the decision that granted it holds the
--- member too). Granted only while the window stays far from its limit:
--- g slots when at least 2 x live x g stay free, so slots an instance leaves
--- unspent never cost much of a window near its limit.
+-- member too). Granted only while the window is far from its limit: g slots
+-- when at least 2 x live x g are free before the grant, so slots an
+-- instance leaves unspent never cost much of a window near its limit; it
+-- removes them when the spending time ends, so a window left without a free
+-- slot while it holds leased slots resets no later than the first such end
+-- (+1 ms).
 --
 -- KEYS   the window logs, each named once
 -- ARGV   instance id, call sequence, live instances >= 1, spend_ms >= 1,
@@ -63,16 +66,16 @@ if #ops == 0 then return redis.error_reply('ERR ratelimit: no op') end
 
 -- Once per key and call: count what still counts (ZCOUNT; what slid out is
 -- dropped only where this call writes).
-local count, fresh, pruned, dead, scores, expire, newest = {}, {}, {}, {}, {}, {}, {}
--- leaseEnd: the newest member's score when it lies after now (leased slots
--- still being spent), else false; once per key and call, then kept up to
--- date by this call's own leases.
+local count, fresh, pruned, dead, scores, expire, soonest = {}, {}, {}, {}, {}, {}, {}
+-- leaseEnd: the earliest score after now (the first end of a spending time:
+-- leased slots that may come back unspent then), else false; once per key
+-- and call, then kept up to date by this call's own leases.
 local function leaseEnd(k)
-  if newest[k] == nil then
-    local v = tonumber(redis.call('ZRANGE', KEYS[k], -1, -1, 'WITHSCORES')[2])
-    newest[k] = v ~= nil and v > now and v
+  if soonest[k] == nil then
+    local v = tonumber(redis.call('ZRANGEBYSCORE', KEYS[k], string.format('(%.0f', now), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+    soonest[k] = v ~= nil and v
   end
-  return newest[k]
+  return soonest[k]
 end
 -- liveScore: the score of the r-th (oldest first, 0-based) member that still
 -- counts. Cached by that rank, which pruning does not move; a write at now
@@ -146,7 +149,7 @@ for o, op in ipairs(ops) do
         end
         redis.call('ZADD', KEYS[x.k], unpack(largs))
         moved(x.k)
-        newest[x.k] = now + spend
+        soonest[x.k] = leaseEnd(x.k) or now + spend
         count[x.k] = count[x.k] + leased
         expire[x.k] = math.max(expire[x.k], x.win + spend)
       end
@@ -155,22 +158,26 @@ for o, op in ipairs(ops) do
     local full = not ok and x.limit - c < op.weight
     out[#out + 1] = full and 1 or 0
     out[#out + 1] = math.max(0, x.limit - c)
+    local r
     if full and op.weight > x.limit then
-      out[#out + 1] = x.win / 1000
+      r = x.win / 1000
     elseif full then -- the op fits once c - limit + weight members slid out
-      local r = ms(liveScore(x, c - x.limit + op.weight - 1) + x.win - now)
-      -- or once the slots leased here come back unspent: when the newest
-      -- spending time ends
+      r = ms(liveScore(x, c - x.limit + op.weight - 1) + x.win - now)
+    elseif c == 0 then
+      r = 0
+    elseif fresh[x.k] then -- its oldest counting member is this call's
+      r = x.win / 1000
+    else
+      r = ms(liveScore(x, 0) + x.win - now)
+    end
+    -- A window that refused, or is left without a free slot, may get room
+    -- sooner: when the first leased slots' spending time ends they come
+    -- back if unspent.
+    if (full or c >= x.limit) and not (full and op.weight > x.limit) then
       local e = leaseEnd(x.k)
       if e then r = math.min(r, ms(e - now) + 1) end
-      out[#out + 1] = r
-    elseif c == 0 then
-      out[#out + 1] = 0
-    elseif fresh[x.k] then -- its oldest counting member is this call's
-      out[#out + 1] = x.win / 1000
-    else
-      out[#out + 1] = ms(liveScore(x, 0) + x.win - now)
     end
+    out[#out + 1] = r
     if x.lease > 0 then out[#out + 1] = leased end
   end
 end

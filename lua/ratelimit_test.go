@@ -156,3 +156,35 @@ func TestRateLimitLeases(t *testing.T) {
 		}
 	}
 }
+
+// The reset of a refused window holding leases of several instances is the
+// EARLIEST end of their spending times (the first slots that may come
+// back), and a decision that takes the last slot says so too.
+func TestRateLimitResetAtEarliestLeaseEnd(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	ctx := context.Background()
+	k := prefix + "{rl:g:early}"
+	// A leases 20 (spend 50 ms), 30 ms later C leases 20.
+	va, err := RateLimit.Run(ctx, rdb, []string{k}, "A", 1, 1, 50, 1, 1, 1, 100, 2000, 20).Int64Slice()
+	servicetest.Must(t, err, "A")
+	time.Sleep(30 * time.Millisecond)
+	vc, err := RateLimit.Run(ctx, rdb, []string{k}, "C", 1, 1, 50, 1, 1, 1, 100, 2000, 20).Int64Slice()
+	servicetest.Must(t, err, "C")
+	if va[5] != 20 || vc[5] != 20 {
+		t.Fatalf("leases %v %v, want 20 each", va, vc)
+	}
+	// B takes the last 58 slots (remaining 0), then is refused.
+	vb, err := RateLimit.Run(ctx, rdb, []string{k}, "B", 1, 1, 50, 58, 1, 1, 100, 2000, 0, 1, 1, 1, 100, 2000, 0).Int64Slice()
+	servicetest.Must(t, err, "B")
+	firstEnd := va[0] + 50000
+	for _, at := range []int{4, 8} { // the last slot's reset, the refusal's
+		want := (firstEnd-vb[0]+999)/1000 + 1
+		if vb[at] != want {
+			t.Fatalf("reply %v: reset %d ms at %d, want %d (A's lease end, not C's)", vb, vb[at], at, want)
+		}
+	}
+	if vb[2] != 0 || vb[6] != 1 {
+		t.Fatalf("reply %v: want the last slot taken (remaining 0), then a refusal", vb)
+	}
+}

@@ -12,7 +12,7 @@ import (
 // doubling to 5 s, jittered so instances that opened together do not probe
 // together), then one probe at a time; a good call closes it. A probe that
 // tells nothing (its decision shed before or after the call) frees the
-// probe slot after the back-off.
+// probe slot after the back-off, or the longest a probe takes if longer.
 type breaker struct {
 	mu            sync.Mutex
 	failures      int
@@ -20,6 +20,7 @@ type breaker struct {
 	openUntil     time.Time
 	probeUntil    time.Time
 	delay         time.Duration // the current back-off
+	probeFor      time.Duration // how long a probe may take (queue, call, judge)
 	bo            *backoff.Backoff
 }
 
@@ -29,7 +30,9 @@ const (
 	breakerMaxBackoff = 5 * time.Second
 )
 
-func (b *breaker) init() { b.bo = backoff.New(breakerMinBackoff, breakerMaxBackoff) }
+func (b *breaker) init(probeFor time.Duration) {
+	b.bo, b.probeFor = backoff.New(breakerMinBackoff, breakerMaxBackoff), probeFor
+}
 
 // allow reports whether a call may go to Redis now.
 func (b *breaker) allow(now time.Time) bool {
@@ -41,7 +44,7 @@ func (b *breaker) allow(now time.Time) bool {
 	if now.Before(b.openUntil) || b.probing && now.Before(b.probeUntil) {
 		return false
 	}
-	b.probing, b.probeUntil = true, now.Add(b.delay)
+	b.probing, b.probeUntil = true, now.Add(max(b.delay, b.probeFor))
 	return true
 }
 

@@ -12,7 +12,7 @@ import (
 // success closes it.
 func TestBreakerProbeThatTellsNothing(t *testing.T) {
 	var b breaker
-	b.init()
+	b.init(0)
 	t0 := time.Now()
 	for i := range breakerThreshold {
 		if opened := b.failure(t0); opened != (i == breakerThreshold-1) {

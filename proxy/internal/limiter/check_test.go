@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -413,4 +415,77 @@ func scriptMicros(b testing.TB, rdb redis.UniversalClient) float64 {
 	})
 	servicetest.Must(b, err, "commandstats")
 	return us
+}
+
+// A window left without a free slot while another instance holds leased
+// slots of it is known full only until that lease's spending time ends (its
+// unspent slots come back then), not until the oldest hit slides out: the
+// negative cache must not refuse once they are back. A leases (one live
+// instance for it), B never does and takes the last slot.
+func TestLastSlotResetHeedsLeases(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	rs := compile(t, prefix, NewMetrics(prometheus.NewRegistry()), conf.Rule{Name: "r", PathPrefix: "/", PerIP: win(64, 2*time.Second)})
+	a := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 2 * time.Second, Instance: "lA", Metrics: NewMetrics(prometheus.NewRegistry())})
+	mB := NewMetrics(prometheus.NewRegistry())
+	b := New(Config{Redis: rdb, KeyPrefix: prefix, Timeout: 2 * time.Second, Instance: "lB", Metrics: mB})
+	b.redis.live.Store(9) // 2 x 9 x 4 > 64: B never leases
+	const ip = "10.77.0.1"
+	for i := range 6 {
+		if d := check(a, rs, ip); d.Outcome != Admit {
+			t.Fatalf("A %d: %+v", i, d)
+		}
+	}
+	if counterValue(a.m.leased) == 0 {
+		t.Fatal("A holds no lease: the test needs one")
+	}
+	key := rs.list[0].Windows[0].Key(appendClientKey(nil, rs.list[0].Windows[0], Request{Addr: []byte(ip)}))
+	ctx := context.Background()
+	for i := 0; rdb.ZCard(ctx, key).Val() < 64; i++ {
+		if d := check(b, rs, ip); d.Outcome != Admit {
+			t.Fatalf("B %d refused before the window filled: %+v", i, d)
+		}
+	}
+	time.Sleep(a.redis.leases.spending + 100*time.Millisecond) // A's lease ends, its unspent slots go back
+	free := 64 - rdb.ZCard(ctx, key).Val()
+	if free == 0 {
+		t.Fatal("A's unspent slots did not come back")
+	}
+	if d := check(b, rs, ip); d.Outcome != Admit {
+		t.Fatalf("%d slots free, yet B refused (negative cache for %v)", free, d.RetryAfter)
+	}
+}
+
+// The bound holds when Redis is a black hole: a decision queued behind four
+// stuck calls, then timing out itself, then judged, ends within about twice
+// the timeout of when it was asked.
+func TestBlackHoleBound(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	servicetest.Must(t, err, "listen")
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	const T = 100 * time.Millisecond
+	s := NewRedis(rdb, "blk", T, NewMetrics(prometheus.NewRegistry()), nil)
+	w := func(i int) []Want { return []Want{{Key: fmt.Sprint("bh:", i), Limit: 5, Length: time.Second}} }
+	for i := range flushers {
+		go func() { _, _ = s.Take(w(i), 1, make([]Got, 1)) }()
+		time.Sleep(2 * time.Millisecond)
+	}
+	time.Sleep(5 * time.Millisecond)
+	t0 := time.Now()
+	_, err = s.Take(w(99), 1, make([]Got, 1))
+	if took := time.Since(t0); took > 2*T+30*time.Millisecond || err == nil {
+		t.Fatalf("took %v (bound about %v), err %v", took, 2*T, err)
+	}
 }

@@ -47,7 +47,12 @@ type leases struct {
 	spending time.Duration // spendTime; tests stretch it
 }
 
-const leaseShards = 64
+const (
+	leaseShards = 64
+	// leaseShardCap bounds the leases kept (64 x 1024): keys past it are
+	// decided in Redis until the sweep drops idle ones.
+	leaseShardCap = 1024
+)
 
 // lease: what this instance may spend of one window (the current slots and
 // the next ones, asked for while the current ran low) and the demand that
@@ -117,12 +122,19 @@ func (ls *leases) shard(key string) *struct {
 // spend takes weight slots of w's lease (ok: h holds them, got describes
 // the window), or says how many slots the decision going to Redis should
 // ask for (0: none). A lease spent past half has its next slots asked for
-// on the side, so a steady stream of decisions rarely goes to Redis.
-func (ls *leases) spend(w Want, weight int, now int64) (h held, got Got, ok bool, ask int) {
+// on the side, so a steady stream of decisions rarely goes to Redis. The
+// moment a slot is spent is read under the lock: no later spend can be
+// judged by an earlier clock reading.
+func (ls *leases) spend(w Want, weight int) (h held, got Got, ok bool, ask int) {
 	sh := ls.shard(w.Key)
 	sh.mu.Lock()
+	now := mono(time.Now())
 	l := sh.m[w.Key]
 	if l == nil {
+		if len(sh.m) >= leaseShardCap { // a flood of keys: those beyond go to Redis
+			sh.mu.Unlock()
+			return h, got, false, 0
+		}
 		l = &lease{since: now}
 		sh.m[w.Key] = l
 	}
@@ -161,12 +173,12 @@ func (ls *leases) spend(w Want, weight int, now int64) (h held, got Got, ok bool
 	return h, got, ok, ask
 }
 
-// unspend returns the slots of h (a decision that another window refused,
-// or that failed): to the lease while it can still spend them, else to
-// Redis.
-func (ls *leases) unspend(h held, now int64) {
+// unspend returns the slots of h (a decision that another window had no
+// slot for): to the lease while it can still spend them, else to Redis.
+func (ls *leases) unspend(h held) {
 	sh := ls.shard(h.key)
 	sh.mu.Lock()
+	now := mono(time.Now())
 	if l := sh.m[h.key]; l != nil {
 		for _, s := range []*slots{&l.cur, &l.next} {
 			if s.name == h.name && now < s.until {

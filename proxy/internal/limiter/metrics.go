@@ -22,6 +22,7 @@ type Metrics struct {
 	deniedHit         prometheus.Counter
 	leaseHits         prometheus.Counter // windows decided from a lease
 	leased, returned  prometheus.Counter // lease slots granted, given back unspent
+	backDropped       prometheus.Counter // unspent lease slots left to slide out
 	evicted           prometheus.Counter
 	decided           atomic.Uint64 // decisions that needed the limiter
 	called            atomic.Uint64 // script calls
@@ -68,7 +69,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Window slots Redis leased to this instance (spent locally within 50ms, or left to slide out)."})
 	m.returned = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_limiter_lease_slots_returned_total",
 		Help: "Lease slots this instance gave back to Redis unspent."})
-	reg.MustRegister(m.leased, m.returned)
+	m.backDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_limiter_lease_slots_unreturned_total",
+		Help: "Unspent lease slots this instance could not give back (Redis failed, or too many queued): they count until they slide out."})
+	reg.MustRegister(m.leased, m.returned, m.backDropped)
 	return m
 }
 

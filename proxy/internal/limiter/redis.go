@@ -42,8 +42,10 @@ type Redis struct {
 	live    atomic.Int64
 	lastOK  atomic.Int64 // mono ns when Redis last answered a call
 	leases  *leases
-	backs   atomic.Int32  // give-backs in flight or waiting
-	backSem chan struct{} // give-back calls at once
+	backs   atomic.Int32 // lease slots queued or on their way back
+	backMu  sync.Mutex
+	backQ   []backItem
+	backing bool // a goroutine sends backQ
 	m       *Metrics
 	log     *slog.Logger
 	pool    sync.Pool // *op
@@ -84,91 +86,80 @@ func NewRedis(rdb redis.Cmdable, instance string, timeout time.Duration, m *Metr
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	s := &Redis{rdb: rdb, cluster: cluster, id: instance, timeout: timeout, queue: make(chan *op, maxQueue), m: m, log: log}
-	s.backSem = make(chan struct{}, 4)
 	s.leases = newLeases(s.giveBack, s.prefetch)
 	s.pool.New = func() any { return &op{done: make(chan struct{}, 1)} }
 	s.bufs.New = func() any { return new(takeBufs) }
-	s.br.init()
+	s.br.init(3 * timeout)
 	s.live.Store(1)
 	return s
 }
 
-// Take implements Store: the windows this instance holds a lease of are
-// decided here (lease.go), the others by Redis, which may grant leases for
-// the next decisions. A refusal or a failure gives the slots taken from
-// leases back.
+// Take implements Store. A decision whose windows are all leasable (lease.go)
+// is made here when this instance holds a slot of each: all taken at one
+// moment, or none (a window without one gives back the others at once, to
+// their leases). Every other decision goes to Redis whole — a decision
+// half from leases would be admitted after its leased slots were spent,
+// possibly past their score — and may ask for the next leases.
 func (s *Redis) Take(ws []Want, weight int, out []Got) (bool, error) {
 	var sc leaseScratch
-	now, live := mono(time.Now()), s.Live()
+	live, all := s.Live(), weight > 0 && len(ws) <= len(sc.held)
+	for _, w := range ws {
+		all = all && leasable(w, live)
+	}
 	asked := false
-	for i, w := range ws {
-		if i >= len(sc.held) || !leasable(w, live) {
-			continue
+	if all {
+		for i, w := range ws {
+			h, g, ok, ask := s.leases.spend(w, weight)
+			if ok {
+				out[i], sc.held[i] = g, h
+				sc.n++
+			}
+			sc.ask[i], asked = ask, asked || ask > 0
 		}
-		h, g, ok, ask := s.leases.spend(w, weight, now)
-		switch {
-		case ok:
-			out[i], sc.held[i] = g, h
-			sc.n++
-			s.m.leaseHits.Inc()
-		case ask > 0:
-			sc.ask[i], asked = ask, true
+		if sc.n == len(ws) {
+			s.m.leaseHits.Add(float64(sc.n))
+			return true, nil
+		}
+		for i := range ws {
+			if sc.held[i].n > 0 {
+				s.leases.unspend(sc.held[i])
+			}
 		}
 	}
-	if sc.n == len(ws) {
-		return true, nil
-	}
-	rest, asks, leased, got := ws, []int(nil), []grant(nil), out
-	if sc.n > 0 || asked {
+	now := mono(time.Now()) // before the call leaves: a lease's spending time starts no later
+	asks, leased := []int(nil), []grant(nil)
+	if asked {
 		b := s.bufs.Get().(*takeBufs)
 		defer s.bufs.Put(b)
-		b.rest, b.asks, b.got, b.leased = b.rest[:0], b.asks[:0], b.got[:0], b.leased[:0]
-		for i, w := range ws {
-			if i >= len(sc.held) || sc.held[i].n == 0 {
-				b.rest, b.got, b.leased = append(b.rest, w), append(b.got, Got{}), append(b.leased, grant{})
-				b.asks = append(b.asks, 0)
-				if i < len(sc.ask) {
-					b.asks[len(b.asks)-1] = sc.ask[i]
-				}
-			}
-		}
-		rest, asks, leased = b.rest, b.asks, b.leased
-		if sc.n > 0 {
-			got = b.got
-		}
+		b.asks, b.leased = append(b.asks[:0], sc.ask[:len(ws)]...), append(b.leased[:0], make([]grant, len(ws))...)
+		asks, leased = b.asks, b.leased
 	}
-	ok, err := s.take(rest, asks, leased, weight, got)
-	j := 0
+	ok, err := s.take(ws, asks, leased, weight, out)
 	for i, w := range ws {
-		if i < len(sc.held) && sc.held[i].n > 0 {
-			if !ok || err != nil {
-				s.leases.unspend(sc.held[i], mono(time.Now()))
-			}
-			continue
+		if asks != nil && asks[i] > 0 {
+			s.granted(w.Key, leased[i], out[i], now)
 		}
-		if sc.n > 0 {
-			out[i] = got[j]
-		}
-		if i < len(sc.ask) && sc.ask[i] > 0 {
-			g := out[i]
-			s.leases.granted(w.Key, leased[j], g.At+s.leases.spending.Microseconds(), now+int64(s.leases.spending), g.Remaining)
-			s.m.leased.Add(float64(leased[j].n))
-		}
-		j++
 	}
 	return ok, err
 }
 
-// takeBufs: the windows of a Take that go to Redis, and their answers.
+// granted hands a grant (maybe none) to the lease of key: its slots count
+// at g.At + the spending time and may be spent until now + the spending
+// time less a millisecond (local clock, now read before the call left).
+func (s *Redis) granted(key string, gr grant, g Got, now int64) {
+	sp := s.leases.spending
+	s.leases.granted(key, gr, g.At+sp.Microseconds(), now+int64(sp-time.Millisecond), g.Remaining)
+	s.m.leased.Add(float64(gr.n))
+}
+
+// takeBufs: the lease asks of a Take and what Redis granted.
 type takeBufs struct {
-	rest   []Want
 	asks   []int
 	leased []grant
-	got    []Got
 }
 
 // leaseScratch: the slots a Take took from leases and the lease slots it
-// asks for, for its first 8 windows (more are decided in Redis).
+// asks for (decisions of up to 8 windows lease).
 type leaseScratch struct {
 	held [8]held
 	ask  [8]int
@@ -176,36 +167,81 @@ type leaseScratch struct {
 }
 
 // prefetch asks Redis for the next slots of w's lease: a decision of
-// weight 0 (it takes nothing itself).
+// weight 0 (it takes nothing itself). Not while the breaker is open: it
+// would take the probe's place.
 func (s *Redis) prefetch(w Want, ask int) {
 	now := mono(time.Now())
 	ws, asks, leased, got := []Want{w}, []int{ask}, []grant{{}}, []Got{{}}
-	_, err := s.take(ws, asks, leased, 0, got)
-	if err != nil {
-		leased[0] = grant{}
+	if !s.br.isOpen() {
+		if _, err := s.take(ws, asks, leased, 0, got); err != nil {
+			leased[0] = grant{}
+		}
 	}
-	s.leases.granted(w.Key, leased[0], got[0].At+s.leases.spending.Microseconds(), now+int64(s.leases.spending), got[0].Remaining)
-	s.m.leased.Add(float64(leased[0].n))
+	s.granted(w.Key, leased[0], got[0], now)
 }
 
-// giveBack removes slots this instance will not spend, at most 4 calls at
-// once (beside the flushers' 4 in go-redis's pool); the others wait their
-// turn on their own goroutines, never a request.
+// giveBack queues slots this instance will not spend for removal (ZREM).
+// One goroutine at a time sends what is queued, a pipeline per round trip;
+// past maxBack queued slots, they slide out instead (counted).
 func (s *Redis) giveBack(key string, members []string) {
-	s.backs.Add(1)
-	defer s.backs.Add(-1)
-	s.backSem <- struct{}{}
-	defer func() { <-s.backSem }()
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	defer cancel()
-	args := make([]any, len(members))
-	for i, m := range members {
-		args[i] = m
+	if s.backs.Add(int32(len(members))) > maxBack {
+		s.backs.Add(-int32(len(members)))
+		s.m.backDropped.Add(float64(len(members)))
+		return
 	}
-	if err := s.rdb.ZRem(ctx, key, args...).Err(); err == nil {
-		s.m.returned.Add(float64(len(members)))
-	} else {
-		s.log.Debug("limiter lease give-back failed: the slots slide out", "err", err)
+	s.backMu.Lock()
+	s.backQ = append(s.backQ, backItem{key, members})
+	start := !s.backing
+	s.backing = true
+	s.backMu.Unlock()
+	if start {
+		go s.sendBack()
+	}
+}
+
+// backItem is a give-back of one window.
+type backItem struct {
+	key     string
+	members []string
+}
+
+const maxBack = 1 << 16
+
+// sendBack sends the queued give-backs until none is left.
+func (s *Redis) sendBack() {
+	for {
+		s.backMu.Lock()
+		q := s.backQ
+		s.backQ = nil
+		if len(q) == 0 {
+			s.backing = false
+			s.backMu.Unlock()
+			return
+		}
+		s.backMu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, it := range q {
+				args := make([]any, len(it.members))
+				for i, m := range it.members {
+					args[i] = m
+				}
+				p.ZRem(ctx, it.key, args...)
+			}
+			return nil
+		})
+		cancel()
+		n := 0
+		for _, it := range q {
+			n += len(it.members)
+		}
+		if err == nil {
+			s.m.returned.Add(float64(n))
+		} else {
+			s.m.backDropped.Add(float64(n))
+			s.log.Debug("limiter lease give-back failed: the slots slide out", "err", err)
+		}
+		s.backs.Add(-int32(n))
 	}
 }
 
@@ -422,16 +458,33 @@ func (s *Redis) send(batch []*op) {
 	}
 }
 
+// oldest is when the op of ops that waits longest was queued.
+func oldest(ops []*op) time.Time {
+	t := ops[0].queued
+	for _, o := range ops[1:] {
+		if o.queued.Before(t) {
+			t = o.queued
+		}
+	}
+	return t
+}
+
 // judge decides what a timeout that no answer of Redis followed means: a
-// PING within the timeout (so the decisions still end within twice it)
-// answered: load (shed, and Redis's answer for the breaker); else a failure
+// PING answered within what is left of twice the timeout for the op queued
+// first: load (shed, and Redis's answer for the breaker); else a failure
 // (on_redis_error). With leases few calls are in flight, so a slow call
 // seldom has a neighbour answered after it; a Redis paused or cut answers
 // neither. It runs beside the flushers: the queue behind does not wait.
 func (s *Redis) judge(ops []*op) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	err := s.rdb.Ping(ctx).Err()
-	cancel()
+	// what is left of twice the timeout for the op queued first (at most
+	// the timeout): no decision waits longer for the verdict
+	budget := min(s.timeout, 2*s.timeout-time.Since(oldest(ops)))
+	err := error(context.DeadlineExceeded)
+	if budget > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		err = s.rdb.Ping(ctx).Err()
+		cancel()
+	}
 	if err == nil {
 		s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
 		for _, o := range ops {
@@ -497,7 +550,13 @@ func (s *Redis) decode(c *redis.Cmd, ops []*op) error {
 	}
 	i := 1
 	for _, o := range ops {
-		if i+1+3*len(o.ws) > len(r) {
+		need := 1 + 3*len(o.ws) // its flag, per window 3 values and leased where asked
+		for w := range o.asks {
+			if o.asks[w] > 0 {
+				need++
+			}
+		}
+		if i+need > len(r) {
 			return fmt.Errorf("limiter: short ratelimit reply (%d values)", len(r))
 		}
 		o.ok = r[i] == 1
@@ -505,9 +564,6 @@ func (s *Redis) decode(c *redis.Cmd, ops []*op) error {
 			o.out[w] = Got{Full: r[i+1] == 1, Remaining: int(r[i+2]), Reset: time.Duration(r[i+3]) * time.Millisecond, At: r[0]}
 			i += 3
 			if o.asks != nil && o.asks[w] > 0 { // the script says leased only where asked
-				if i+1 >= len(r) {
-					return fmt.Errorf("limiter: short ratelimit reply (%d values)", len(r))
-				}
 				if n := int(r[i+1]); n > 0 {
 					o.leased[w] = grant{n: n, name: s.id + ":" + strconv.FormatUint(o.seq, 10) + ":" + strconv.FormatUint(o.idx, 10) + ":l"}
 				}

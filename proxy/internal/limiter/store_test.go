@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/internal/servicetest"
 )
@@ -291,42 +292,46 @@ func TestRedisLeasesExact(t *testing.T) {
 	}
 }
 
-// A lease slot taken by a decision that another window refuses goes back
-// to the lease; what is unspent at the lease's end goes back to Redis.
-func TestRedisLeaseGivenBack(t *testing.T) {
+// Leases are all or nothing per decision. A decision with a window that
+// does not lease (a per-client limit of 5) goes to Redis whole and leaves
+// the global window's lease alone; a decision of two leasable windows, one
+// without a slot here, gives the other's slot back to its lease at once;
+// what is unspent at a lease's end goes back to Redis.
+func TestRedisLeaseAllOrNothing(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := servicetest.Redis(t)
 	s := NewRedis(rdb, "a", 2*time.Second, NewMetrics(prometheus.NewRegistry()), nil)
 	s.leases.spending = 10 * time.Second // the test's steps stay inside it
 	_, g := fresh(prefix)
 	global := Want{Key: g, Limit: 1000, Length: 10 * time.Second}
-	left := func() int {
-		sh := s.leases.shard(g)
+	left := func(key string) int {
+		sh := s.leases.shard(key)
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		if l := sh.m[g]; l != nil {
+		if l := sh.m[key]; l != nil {
 			return l.cur.left + l.next.left
 		}
 		return -1
 	}
 	out := make([]Got, 2)
-	for i := 0; left() <= 0; i++ { // sequential decisions: the 4th asks
+	for i := 0; left(g) <= 0; i++ { // decisions of the global window alone: the 4th asks
 		if i == 10 {
 			t.Fatalf("no lease after %d decisions", i)
 		}
-		c, _ := fresh(prefix)
-		if ok, err := s.Take([]Want{{Key: c, Limit: 1, Length: 10 * time.Second}, global}, 1, out); !ok || err != nil {
+		if ok, err := s.Take([]Want{global}, 1, out[:1]); !ok || err != nil {
 			t.Fatalf("decision %d: %v %v", i, ok, err)
 		}
 	}
-	before := left()
+	before, calls := left(g), s.m.Calls()
 	c, _ := fresh(prefix)
-	client := Want{Key: c, Limit: 1, Length: 10 * time.Second}
-	if ok, _ := s.Take([]Want{client, global}, 1, out); !ok || left() != before-1 {
-		t.Fatalf("admitted %v with %d lease slots left, want true and %d", ok, left(), before-1)
+	client := Want{Key: c, Limit: 5, Length: 10 * time.Second}
+	if ok, err := s.Take([]Want{client, global}, 1, out); !ok || err != nil || left(g) != before || s.m.Calls() != calls+1 {
+		t.Fatalf("a decision with a window that does not lease: %v %v, lease %d (want %d untouched), %d calls (want 1)",
+			ok, err, left(g), before, s.m.Calls()-calls)
 	}
-	if ok, _ := s.Take([]Want{client, global}, 1, out); ok || !out[0].Full || left() != before-1 {
-		t.Fatalf("refused by the client's window: admitted %v %+v, lease %d, want its slot back (%d)", ok, out, left(), before-1)
+	other := Want{Key: g + ":other", Limit: 1000, Length: 10 * time.Second} // leasable, no lease yet
+	if ok, err := s.Take([]Want{global, other}, 1, out); !ok || err != nil || left(g) != before {
+		t.Fatalf("a decision whose second window has no slot here: %v %v, lease %d, want its slot back (%d)", ok, err, left(g), before)
 	}
 	// The spending time ends (forced: the timer's own call): what is left
 	// goes back to Redis, and only that.
@@ -335,13 +340,29 @@ func TestRedisLeaseGivenBack(t *testing.T) {
 	sh := s.leases.shard(g)
 	sh.mu.Lock()
 	name, unspent := sh.m[g].cur.name, sh.m[g].cur.left+sh.m[g].next.left
-	if sh.m[g].next.left > 0 {
+	next := sh.m[g].next.left
+	sh.mu.Unlock()
+	if next > 0 {
 		t.Fatal("next slots asked for: the test expects only the current ones")
 	}
-	sh.mu.Unlock()
 	s.leases.expire(g, name)
-	if n := rdb.ZCard(ctx, g).Val(); n != members-int64(unspent) || left() != 0 {
-		t.Fatalf("%d members after the lease's end, want %d - %d unspent; lease left %d", n, members, unspent, left())
+	for deadline := time.Now().Add(5 * time.Second); s.backs.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := rdb.ZCard(ctx, g).Val(); n != members-int64(unspent) || left(g) != 0 {
+		t.Fatalf("%d members after the lease's end, want %d - %d unspent; lease left %d", n, members, unspent, left(g))
+	}
+}
+
+// A reply shorter than its ops need, leased counts included, is an error,
+// never an index out of range on the flusher.
+func TestDecodeShortReply(t *testing.T) {
+	s := NewRedis(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "x", time.Second, NewMetrics(prometheus.NewRegistry()), nil)
+	o := &op{ws: make([]Want, 2), asks: []int{4, 4}, leased: make([]grant, 2), out: make([]Got, 2)}
+	c := redis.NewCmd(context.Background())
+	c.SetVal([]any{int64(1), int64(1), int64(0), int64(10), int64(0), int64(4), int64(0), int64(10)}) // 8 of 10
+	if err := s.decode(c, []*op{o}); err == nil {
+		t.Fatal("a short reply decoded")
 	}
 }
 
