@@ -49,6 +49,8 @@ type Proxy struct {
 	DenyPrefixes []string `toml:"deny_prefixes"`
 	Identity     Identity `toml:"identity"`
 	Rules        []Rule   `toml:"rules"`
+	// RLS: the Envoy rate-limit service (conf/rls.go), off by default.
+	RLS
 }
 
 // Rule is one [[proxy.rules]] entry.
@@ -140,6 +142,7 @@ func defaultProxy() Proxy {
 		SoldOutTTL:      D(time.Second),
 		ShutdownGrace:   D(10 * time.Second),
 		DenyPrefixes:    DefaultDenyPrefixes(),
+		RLS:             defaultRLS(),
 	}
 }
 
@@ -186,6 +189,7 @@ func (x *Proxy) validate(p *problems) {
 			p.add(keyIndex("proxy.deny_prefixes", i), "must start with /, got %q", d)
 		}
 	}
+	x.RLS.validate(p, x)
 	if x.Identity.JWT != nil {
 		x.Identity.JWT.validate(p)
 	}
