@@ -78,6 +78,9 @@ func (s *Server) Stop(ctx context.Context) {
 // (or a file's directory, for editors and ConfigMaps that replace a file by
 // renaming another over it) and waits for the writes to settle.
 func Watch(ctx context.Context, svc *Service, path string, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return err
