@@ -85,7 +85,9 @@ type Service struct {
 	o      Options
 	cfg    atomic.Pointer[Config]
 	local  *limiter.Memory
-	denied *denied
+	// denied is the negative cache of the running configuration: a reload
+	// starts an empty one (a raised limit frees the windows known full).
+	denied atomic.Pointer[denied]
 	m      *Metrics
 }
 
@@ -103,13 +105,14 @@ func New(cfg *Config, o Options) *Service {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(prometheus.NewRegistry())
 	}
-	s := &Service{o: o, local: limiter.NewMemory(), denied: newDenied(o.MaxCached), m: o.Metrics}
+	s := &Service{o: o, local: limiter.NewMemory(), m: o.Metrics}
 	s.SetConfig(cfg)
 	return s
 }
 
 // SetConfig swaps the running configuration.
 func (s *Service) SetConfig(c *Config) {
+	s.denied.Store(newDenied(s.o.MaxCached))
 	s.cfg.Store(c)
 	s.m.domains.Set(float64(c.Domains()))
 }
@@ -138,7 +141,7 @@ func (s *Service) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.denied.sweep(mono())
+			s.denied.Load().sweep(mono())
 			s.local.Sweep()
 		}
 	}
@@ -380,7 +383,7 @@ func hasKey(g []*item, key []byte) bool {
 
 // group decides one group of items of one weight at one moment.
 func (s *Service) group(g []*item, weight int) (refused bool, err error) {
-	m := mono()
+	m, neg := mono(), s.denied.Load()
 	// Known full (or a limit of 0): refused without asking the store.
 	var cached bool
 	for _, it := range g {
@@ -390,7 +393,7 @@ func (s *Service) group(g []*item, weight int) (refused bool, err error) {
 			refused = true
 			continue
 		}
-		if u := s.denied.until(it.key); u > m {
+		if u := neg.until(it.key); u > m {
 			s.refuse(it, time.Duration(u-m))
 			refused, cached = true, true
 		}
@@ -421,7 +424,7 @@ func (s *Service) group(g []*item, weight int) (refused bool, err error) {
 		got := gots[k]
 		if got.Remaining == 0 && got.Reset > 0 && (!got.Full || weight == 1) {
 			// Full until its oldest hit slides out, from before the call.
-			s.denied.set(it.key, m+int64(got.Reset))
+			neg.set(it.key, m+int64(got.Reset))
 		}
 		if got.Remaining < 0 { // a cluster's later tag, not looked at
 			continue
