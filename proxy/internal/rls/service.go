@@ -82,9 +82,9 @@ type Options struct {
 // Service implements RateLimitService. Safe for concurrent use.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
-	o      Options
-	cfg    atomic.Pointer[Config]
-	local  *limiter.Memory
+	o     Options
+	cfg   atomic.Pointer[Config]
+	local *limiter.Memory
 	// denied is the negative cache of the running configuration: a reload
 	// starts an empty one (a raised limit frees the windows known full).
 	denied atomic.Pointer[denied]
