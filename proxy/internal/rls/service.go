@@ -159,10 +159,9 @@ type item struct {
 	tried  bool // in a group decided (or refused) already
 	asked  bool // the store (or on_redis_error) told its state
 	over   bool
+	// degraded: decided by rls_on_redis_error (counted so, once)
+	degraded bool
 }
-
-// errUnavailable ends a call UNAVAILABLE: Envoy's failure_mode_deny decides.
-var errUnavailable = errors.New("unavailable")
 
 // ShouldRateLimit implements RateLimitService.
 func (s *Service) ShouldRateLimit(_ context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
@@ -314,6 +313,8 @@ func (s *Service) decide(req *pb.RateLimitRequest) (*pb.RateLimitResponse, strin
 	for k := range items {
 		it := &items[k]
 		switch {
+		case it.degraded:
+			s.outcome(it, "degraded")
 		case !it.asked:
 		case it.over && it.lim.Shadow:
 			s.outcome(it, "shadow_over")
@@ -457,7 +458,7 @@ func (s *Service) fallback(g []*item, wants []limiter.Want, weight int, err erro
 	s.m.fallbacks.WithLabelValues(modeNames[s.o.Mode]).Inc()
 	s.o.Log.Debug("rls decision fell back to rls_on_redis_error", "mode", modeNames[s.o.Mode], "err", err)
 	for _, it := range g {
-		s.outcome(it, "degraded")
+		it.degraded = true
 	}
 	switch s.o.Mode {
 	case ModeEnvoy:

@@ -477,6 +477,11 @@ func TestRedisDown(t *testing.T) {
 			if n := value(r.svc.m.fallbacks.WithLabelValues(modeNames[tc.mode])); n != 6 {
 				t.Fatalf("fallbacks %v, want 6", n)
 			}
+			if tc.mode != ModeEnvoy {
+				if n := value(r.svc.m.descriptors.WithLabelValues("d", "d.a", "degraded")); n != 6 {
+					t.Fatalf("degraded descriptors %v, want 6", n)
+				}
+			}
 		})
 	}
 }
