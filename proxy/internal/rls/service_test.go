@@ -493,7 +493,7 @@ func TestNegativeCache(t *testing.T) {
 	rdb, prefix := servicetest.Redis(t)
 	m := limiter.NewMetrics(prometheus.NewRegistry())
 	store := limiter.NewRedis(rdb, "neg", 2*time.Second, m, nil)
-	r := newRig(t, mustParse(t, "domain: d\ndescriptors: [{key: a, rate_limit: {unit: 400ms, requests_per_unit: 2}}]"), store, prefix, nil)
+	r := newRig(t, mustParse(t, "domain: d\ndescriptors: [{key: a, rate_limit: {unit: 1s, requests_per_unit: 2}}]"), store, prefix, nil)
 	for range 2 {
 		if resp := r.call(t, req("d", d("a", "x"))); resp.OverallCode != pb.RateLimitResponse_OK {
 			t.Fatal("refused under the limit")
@@ -508,7 +508,7 @@ func TestNegativeCache(t *testing.T) {
 	if m.Calls() != calls || value(r.svc.m.cached) != 5 {
 		t.Fatalf("store calls %d → %d, cached %v: want none, 5", calls, m.Calls(), value(r.svc.m.cached))
 	}
-	time.Sleep(450 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond)
 	if resp := r.call(t, req("d", d("a", "x"))); resp.OverallCode != pb.RateLimitResponse_OK {
 		t.Fatal("still refused after the window slid")
 	}
