@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -679,4 +680,42 @@ func value(m prometheus.Metric) float64 {
 		return c.GetValue()
 	}
 	return d.GetGauge().GetValue()
+}
+
+// Reflection is served only when asked for (it describes the server to
+// anyone who reaches the port).
+func TestReflectionOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	cfg := mustParse(t, "domain: d\ndescriptors: []")
+	for _, on := range []bool{false, true} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := NewServer(New(cfg, Options{Store: limiter.NewMemory()}), ServerOptions{MaxStreams: 8, MaxMessageBytes: 4096, Reflection: on})
+		go func() { _ = srv.Serve(ln) }()
+		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+		if err == nil {
+			err = stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
+		}
+		var resp *reflectionpb.ServerReflectionResponse
+		if err == nil {
+			resp, err = stream.Recv()
+		}
+		switch {
+		case !on && status.Code(err) != codes.Unimplemented:
+			t.Errorf("reflection off: %v, %v; want Unimplemented", resp, err)
+		case on && (err != nil || !slices.ContainsFunc(resp.GetListServicesResponse().GetService(),
+			func(s *reflectionpb.ServiceResponse) bool { return s.Name == ServiceName })):
+			t.Errorf("reflection on: %v, %v; want %s listed", resp, err, ServiceName)
+		}
+		conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		srv.Stop(ctx)
+		cancel()
+	}
 }
