@@ -88,12 +88,13 @@ rabbit-cluster:
 rabbit-cluster-stop:
 	@scripts/rabbit-cluster.sh stop
 
-# The short form of the engine tests: the reservation scripts, the limiter,
+# The short form of the engine tests: the reservation scripts, the limiter
+# and its Envoy rate-limit service,
 # the script loader and three end-to-end sales (one in 8 stock shards) on the
 # local Redis Cluster (and the engines' own start tests). Under CI a cluster that cannot start fails.
 # A cluster this target started is stopped again; one already running (make
 # cluster) is left running.
-ENGINE_TESTS ?= ./internal/reservation ./proxy/internal/limiter ./lua
+ENGINE_TESTS ?= ./internal/reservation ./proxy/internal/limiter ./proxy/internal/rls ./lua
 ENGINE_E2E   ?= TestPurchaseInvariantsUnderConcurrency|TestProxyKeyedReplayAfterSoldOut|TestShardedSaleNoFalseSoldOut
 test-engines:
 	@was=; scripts/redis-engines.sh cluster url >/dev/null 2>&1 && was=1; \

@@ -53,6 +53,8 @@ type Proxy struct {
 	DenyPrefixes []string `toml:"deny_prefixes"`
 	Identity     Identity `toml:"identity"`
 	Rules        []Rule   `toml:"rules"`
+	// RLS: the Envoy rate-limit service (conf/rls.go), off by default.
+	RLS
 }
 
 // Rule is one [[proxy.rules]] entry.
@@ -145,6 +147,7 @@ func defaultProxy() Proxy {
 		SoldOutKeysMax:  100_000,
 		ShutdownGrace:   D(10 * time.Second),
 		DenyPrefixes:    DefaultDenyPrefixes(),
+		RLS:             defaultRLS(),
 	}
 }
 
@@ -192,6 +195,7 @@ func (x *Proxy) validate(p *problems) {
 			p.add(keyIndex("proxy.deny_prefixes", i), "must start with /, got %q", d)
 		}
 	}
+	x.RLS.validate(p, x)
 	if x.Identity.JWT != nil {
 		x.Identity.JWT.validate(p)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
 	"github.com/seckill/seckill/proxy/internal/edge"
+	"github.com/seckill/seckill/proxy/internal/rls"
 )
 
 func main() {
@@ -85,6 +86,12 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 		ln.Close()
 		return fmt.Errorf("listen %s: %w", cfg.Proxy.AdminListen, err)
 	}
+	rsvc, rsrv, rln, err := startRLS(cfg, p, log)
+	if err != nil {
+		ln.Close()
+		aln.Close()
+		return err
+	}
 	srv, admin := p.Server(log), p.AdminServer(log)
 	var gate shutdown.Gate
 	admin.Handler = gate.Readyz(admin.Handler)
@@ -95,9 +102,19 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 	subscribed := make(chan struct{})
 	p.Handler.Subscribed = subscribed
 	wg.Go(func() { p.WatchStockEvents(bg, rdb, log, subscribed) })
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(p.Listener(ln)) }()
 	go func() { errc <- admin.Serve(aln) }()
+	if rsrv != nil {
+		wg.Go(func() { rsvc.Run(bg) })
+		if err := rls.Watch(bg, rsvc, cfg.Proxy.RLS.Config, log); err != nil {
+			// SIGHUP still reloads.
+			log.Warn("rls config not watched", "path", cfg.Proxy.RLS.Config, "err", err)
+		}
+		go func() { errc <- rsrv.Serve(rln) }()
+		log.Info("envoy rate-limit service serving", "listen", rln.Addr().String(), "config", cfg.Proxy.RLS.Config,
+			"domains", rsvc.Config().Domains())
+	}
 	log.Info("proxy serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(),
 		"upstreams", cfg.Proxy.Upstreams, "rules", len(cfg.Proxy.Rules))
 
@@ -112,6 +129,13 @@ loop:
 			break loop
 		case <-hup:
 			reload(*path, env, p, log)
+			if rsvc != nil {
+				if err := rsvc.Reload(cfg.Proxy.RLS.Config); err != nil {
+					log.Error("rls config reload rejected, running config kept", "path", cfg.Proxy.RLS.Config, "err", err)
+				} else {
+					log.Info("rls config reloaded", "path", cfg.Proxy.RLS.Config, "domains", rsvc.Config().Domains())
+				}
+			}
 		}
 	}
 	if serveErr == nil {
@@ -120,6 +144,9 @@ loop:
 	log.Info("proxy draining", "grace", cfg.Proxy.ShutdownGrace.Duration)
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.Proxy.ShutdownGrace.Duration)
 	defer scancel()
+	if rsrv != nil {
+		rsrv.Stop(sctx)
+	}
 	if err := srv.ShutdownWithContext(sctx); err != nil && serveErr == nil {
 		serveErr = fmt.Errorf("drain: %w", err)
 	}
@@ -142,4 +169,34 @@ func reload(path string, env func(string) string, p *edge.Proxy, log *slog.Logge
 		return
 	}
 	log.Info("rules, deny list and identity reloaded", "path", path, "rules", len(cfg.Proxy.Rules))
+}
+
+// startRLS builds the Envoy rate-limit service when [proxy] rls_listen is
+// set: its windows in the HTTP edge's store (one batch queue, breaker and
+// heartbeat for both), its metrics on the admin /metrics. The rls_* keys
+// are read at start; a reload changes only the YAML rules.
+func startRLS(cfg conf.Config, p *edge.Proxy, log *slog.Logger) (*rls.Service, *rls.Server, net.Listener, error) {
+	rc := cfg.Proxy.RLS
+	if rc.Listen == "" {
+		return nil, nil, nil, nil
+	}
+	rules, err := rls.Load(rc.Config)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	mode, err := rls.ParseMode(rc.OnRedisError)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	lim := p.Handler.Limiter
+	svc := rls.New(rules, rls.Options{Store: lim.SharedStore(), Live: lim.Live, Decided: lim.CountDecision,
+		KeyPrefix: cfg.Redis.KeyPrefix, Mode: mode, Headers: rc.ResponseHeaders, Shadow: rc.ShadowMode,
+		MaxCached: cfg.Proxy.MaxClientStates, Metrics: rls.NewMetrics(p.Handler.Registry), Log: log})
+	ln, err := net.Listen("tcp", rc.Listen)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("listen %s: %w", rc.Listen, err)
+	}
+	srv := rls.NewServer(svc, rls.ServerOptions{MaxStreams: uint32(rc.MaxStreams), MaxMessageBytes: rc.MaxMessageBytes,
+		Reflection: rc.Reflection})
+	return svc, srv, ln, nil
 }

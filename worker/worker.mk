@@ -31,6 +31,8 @@ FUZZ_TARGETS := \
 	./backend/internal/api:FuzzParseSpec \
 	./proxy/internal/identity:FuzzClient \
 	./proxy/internal/limiter:FuzzClientKey \
+	./proxy/internal/rls:FuzzParse \
+	./proxy/internal/rls:FuzzDescriptorKey \
 	./proxy/internal/edge:FuzzPlainPath \
 	./conf:FuzzParse \
 	./conf:FuzzParseRedisURL \
