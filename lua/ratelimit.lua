@@ -99,6 +99,10 @@ local function liveScore(x, r)
   return sk[r]
 end
 local function ms(us) return math.max(0, math.ceil(us / 1000)) end
+-- leasable: only windows of at least 64 per 500 ms or longer are leased
+-- (proxy/internal/limiter/lease.go asks for no others), so only those can
+-- hold leased slots and need their lease end read.
+local function leasable(x) return x.limit >= 64 and x.win >= 500000 end
 local function moved(k)
   local sk = scores[k]
   if sk and next(sk) and leaseEnd(k) then
@@ -139,7 +143,7 @@ for o, op in ipairs(ops) do
       expire[x.k] = math.max(expire[x.k] or 0, x.win)
     end
     local leased = 0
-    if ok and x.lease > 0 then
+    if ok and x.lease > 0 and leasable(x) then
       -- at most 512: a call writes them all at once while Redis waits
       leased = math.min(x.lease, 512, math.floor((x.limit - count[x.k]) / (2 * live)))
       if leased > 0 then
@@ -173,7 +177,7 @@ for o, op in ipairs(ops) do
     -- A window that refused, or is left without a free slot, may get room
     -- sooner: when the first leased slots' spending time ends they come
     -- back if unspent.
-    if (full or c >= x.limit) and not (full and op.weight > x.limit) then
+    if (full or c >= x.limit) and not (full and op.weight > x.limit) and leasable(x) then
       local e = leaseEnd(x.k)
       if e then r = math.min(r, ms(e - now) + 1) end
     end

@@ -134,25 +134,33 @@ func TestRateLimitLeases(t *testing.T) {
 		t.Fatalf("lease alone: %v, want admitted, 42 left, 14 leased", v)
 	}
 
-	// Limit 10, live 1: op 1 leases 4 (5 counted); op 2 (weight 7) refused:
+	// Limit 64, live 1: op 1 leases 4 (5 counted); op 2 (weight 61) refused:
 	// it fits once rank 1 (a lease member) slides out (2050 ms) or once the
 	// lease's unspent slots come back at the end of its spending time: 51 ms;
-	// op 3 (weight 3) admitted at now, sorted before the lease members; op 4
+	// op 3 (weight 57) admitted at now, sorted before the lease members; op 4
 	// (weight 4) refused: again 51 ms.
 	b := prefix + "{rl:g:m}:x"
 	v, err = RateLimit.Run(ctx, rdb, []string{b}, "i1", 4, 1, 50,
-		1, 1, 1, 10, 2000, 4,
-		7, 1, 1, 10, 2000, 0,
-		3, 1, 1, 10, 2000, 0,
-		4, 1, 1, 10, 2000, 0).Int64Slice()
+		1, 1, 1, 64, 2000, 4,
+		61, 1, 1, 64, 2000, 0,
+		57, 1, 1, 64, 2000, 0,
+		4, 1, 1, 64, 2000, 0).Int64Slice()
 	servicetest.Must(t, err, "ranks")
-	want = []int64{v[0], 1, 0, 5, 2000, 4, 0, 1, 5, 51, 1, 0, 2, 2000, 0, 1, 2, 51}
+	want = []int64{v[0], 1, 0, 59, 2000, 4, 0, 1, 59, 51, 1, 0, 2, 2000, 0, 1, 2, 51}
 	if len(v) != len(want) {
 		t.Fatalf("reply %v, want %v (leased only where asked)", v, want)
 	}
 	for i := range want {
 		if v[i] != want[i] {
 			t.Fatalf("reply %v, want %v", v, want)
+		}
+	}
+	// Narrower than 64 or shorter than 500 ms: never leased.
+	for _, w := range [][2]int{{63, 2000}, {100, 499}} {
+		v, err = RateLimit.Run(ctx, rdb, []string{prefix + "{rl:g:narrow}"}, "i1", 5, 1, 50, 1, 1, 1, w[0], w[1], 50).Int64Slice()
+		servicetest.Must(t, err, "narrow")
+		if v[5] != 0 {
+			t.Fatalf("limit %d per %d ms leased %d", w[0], w[1], v[5])
 		}
 	}
 }

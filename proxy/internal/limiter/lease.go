@@ -25,7 +25,8 @@ const (
 	minLease = 4
 	maxLease = 512 // the script's bound too: one call writes it all
 	// leaseMinLength: shorter windows would count a slot too long past
-	// its use (the spending time) for their length.
+	// its use (the spending time) for their length. ratelimit.lua grants
+	// no lease below it or below leaseMinLimit either (its leasable).
 	leaseMinLength = 10 * spendTime
 	// leaseMinLimit: narrower windows are near their limit after a few
 	// hits anyway; a lease there would mostly be left unspent.
