@@ -120,11 +120,23 @@ func (s *Redis) Take(ws []Want, weight int, out []Got) (bool, error) {
 			s.m.leaseHits.Add(float64(sc.n))
 			return true, nil
 		}
+		// A window this instance neither holds nor may ask a lease of
+		// (too little demand here) keeps every decision of this kind in
+		// Redis: leases of its other windows would go unspent. Ask none.
+		lacking := false
 		for i := range ws {
+			lacking = lacking || sc.held[i].n == 0 && sc.ask[i] == 0
+		}
+		for i, w := range ws {
 			if sc.held[i].n > 0 {
 				s.leases.unspend(sc.held[i])
 			}
+			if lacking && sc.ask[i] > 0 {
+				s.leases.granted(w.Key, grant{}, 0, 0, 0) // ends the ask
+				sc.ask[i] = 0
+			}
 		}
+		asked = asked && !lacking
 	}
 	now := mono(time.Now()) // before the call leaves: a lease's spending time starts no later
 	asks, leased := []int(nil), []grant(nil)

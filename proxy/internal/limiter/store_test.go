@@ -375,3 +375,26 @@ func counterValue(c prometheus.Counter) float64 {
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+// A decision of two leasable windows, one busy here (the global) and one
+// not (a client seen once in a while), asks no lease: the global's slots
+// could never be spent without the client's, and would only come back
+// unspent (Redis and proxy work for nothing; make bench's purchase path).
+func TestNoLeaseAskedThatCannotBeSpent(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	m := NewMetrics(prometheus.NewRegistry())
+	s := NewRedis(rdb, "a", 2*time.Second, m, nil)
+	_, g := fresh(prefix)
+	global := Want{Key: g, Limit: 100000, Length: time.Second}
+	out := make([]Got, 2)
+	for i := range 200 { // 200 clients, one decision each, all through the global
+		c := Want{Key: fmt.Sprintf("%s{rl:a:client%d}:r", prefix, i), Limit: 100, Length: time.Second}
+		if ok, err := s.Take([]Want{c, global}, 1, out); !ok || err != nil {
+			t.Fatalf("decision %d: %v %v", i, ok, err)
+		}
+	}
+	if n := counterValue(m.leased); n != 0 {
+		t.Fatalf("%v lease slots granted that no decision could spend", n)
+	}
+}
