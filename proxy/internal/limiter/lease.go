@@ -24,6 +24,9 @@ const (
 	// of clients each asking a few times a second never leases.
 	minLease = 4
 	maxLease = 512 // the script's bound too: one call writes it all
+	// coolFor: after a lease came back mostly unspent (a burst ended, or
+	// decisions that could not use it), no ask for this many spending times.
+	coolFor = 20
 	// leaseMinLength: shorter windows would count a slot too long past
 	// its use (the spending time) for their length. ratelimit.lua grants
 	// no lease below it or below leaseMinLimit either (its leasable).
@@ -61,6 +64,7 @@ const (
 type lease struct {
 	cur, next slots
 	asking    bool  // an ask is in flight
+	cool      int64 // mono ns: no ask before (the last lease came back mostly unspent)
 	hits      int   // decisions that needed the window since `since`
 	prev      int   // ... in the spending time before
 	since     int64 // mono ns
@@ -160,7 +164,7 @@ func (ls *leases) spend(w Want, weight int) (h held, got Got, ok bool, ask int) 
 		prefetch = !l.asking && l.next.left == 0 && demand >= minLease &&
 			(2*l.cur.left < l.cur.granted || now+int64(ls.spending)/2 > l.cur.until)
 		l.asking = l.asking || prefetch
-	} else if !l.asking && demand >= minLease {
+	} else if !l.asking && demand >= minLease && now >= l.cool {
 		l.asking = true
 		ask = demand
 	}
@@ -229,6 +233,9 @@ func (ls *leases) expire(key, name string) {
 	if l := sh.m[key]; l != nil {
 		for _, s := range []*slots{&l.cur, &l.next} {
 			if s.name == name {
+				if 2*s.left > s.granted { // mostly unspent: leases do not pay here now
+					l.cool = mono(time.Now()) + coolFor*int64(ls.spending)
+				}
 				back = s.unspent()
 			}
 		}

@@ -398,3 +398,35 @@ func TestNoLeaseAskedThatCannotBeSpent(t *testing.T) {
 		t.Fatalf("%v lease slots granted that no decision could spend", n)
 	}
 }
+
+// A lease that comes back mostly unspent stops the asks of its window for a
+// while (20 spending times): leases that do not pay cost Redis a grant and
+// a give-back each.
+func TestUnspentLeaseCoolsAsks(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := servicetest.Redis(t)
+	m := NewMetrics(prometheus.NewRegistry())
+	s := NewRedis(rdb, "a", 2*time.Second, m, nil)
+	s.leases.spending = 100 * time.Millisecond
+	_, g := fresh(prefix)
+	w := Want{Key: g, Limit: 100000, Length: 10 * time.Second}
+	out := make([]Got, 1)
+	for range 5 { // the 4th asks: a lease of 4, then one spent
+		if ok, err := s.Take([]Want{w}, 1, out); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	granted := counterValue(m.leased)
+	if granted == 0 {
+		t.Fatal("no lease granted")
+	}
+	time.Sleep(s.leases.spending + 50*time.Millisecond) // it ends mostly unspent
+	for range 8 {
+		if ok, err := s.Take([]Want{w}, 1, out); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	if n := counterValue(m.leased); n != granted {
+		t.Fatalf("%v slots granted after a lease came back mostly unspent, want none within the cool-down", n-granted)
+	}
+}
