@@ -5,14 +5,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// denied is the negative cache of one per-client window: client key →
-// until when (mono ns) the store said the window is full. Without leases
+// Denied is a negative cache: key (a client of one per-client window here;
+// a window in the Envoy service) → until when (mono ns) the store said the
+// window is full. Without leases
 // nothing frees a slot before the oldest hit slides out, so the entry is
 // exact, measured from before the call was sent; dropping one costs only a
 // Redis call, so the bound is kept by dropping any.
-type denied struct {
+type Denied struct {
 	seed   maphash.Seed
 	shards [deniedShards]struct {
 		mu sync.Mutex
@@ -23,16 +26,17 @@ type denied struct {
 
 const deniedShards = 64
 
-func newDenied() *denied {
-	d := &denied{seed: maphash.MakeSeed()}
+// NewDenied makes an empty negative cache.
+func NewDenied() *Denied {
+	d := &Denied{seed: maphash.MakeSeed()}
 	for i := range d.shards {
 		d.shards[i].m = map[string]int64{}
 	}
 	return d
 }
 
-// until is when client's window stops being known full (0: not known).
-func (d *denied) until(client []byte) int64 {
+// Until is when client's window stops being known full (0: not known).
+func (d *Denied) Until(client []byte) int64 {
 	sh := &d.shards[maphash.Bytes(d.seed, client)&(deniedShards-1)]
 	sh.mu.Lock()
 	u := sh.m[string(client)]
@@ -42,7 +46,7 @@ func (d *denied) until(client []byte) int64 {
 
 // set records client's window full until u; with maxStates > 0 a shard at
 // its share first drops an expired entry, else any one (evicted).
-func (d *denied) set(client []byte, u, now int64, maxStates int, evicted counterRef) {
+func (d *Denied) set(client []byte, u, now int64, maxStates int, evicted counterRef) {
 	sh := &d.shards[maphash.Bytes(d.seed, client)&(deniedShards-1)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -66,8 +70,8 @@ func (d *denied) set(client []byte, u, now int64, maxStates int, evicted counter
 	sh.m[string(client)] = u
 }
 
-// sweep drops the entries that ran out.
-func (d *denied) sweep(now int64) {
+// Sweep drops the entries that ran out.
+func (d *Denied) Sweep(now int64) {
 	for i := range d.shards {
 		sh := &d.shards[i]
 		sh.mu.Lock()
@@ -83,3 +87,16 @@ func (d *denied) sweep(now int64) {
 
 // mono is t as monotonic ns since clockBase.
 func mono(t time.Time) int64 { return int64(t.Sub(clockBase)) }
+
+// Set records key's window full until u (mono ns, as now); with maxStates > 0
+// the cache keeps about that many entries, dropping an expired one first,
+// else any (counted in evicted, which may be nil).
+func (d *Denied) Set(key []byte, u, now int64, maxStates int, evicted prometheus.Counter) {
+	d.set(key, u, now, maxStates, counterRef{evicted})
+}
+
+// Len is the number of entries.
+func (d *Denied) Len() int64 { return d.n.Load() }
+
+// Mono is t as the monotonic ns the negative cache and leases count in.
+func Mono(t time.Time) int64 { return mono(t) }

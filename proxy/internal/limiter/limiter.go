@@ -84,7 +84,7 @@ func (l *Limiter) SetRules(rs *Rules) { l.rules.Store(rs) }
 
 // eachDenied calls fn with the negative cache of every per-client window
 // of the current rules.
-func (l *Limiter) eachDenied(fn func(*denied)) {
+func (l *Limiter) eachDenied(fn func(*Denied)) {
 	if rs := l.rules.Load(); rs != nil {
 		for _, r := range rs.list {
 			for _, w := range r.Windows {
@@ -98,7 +98,7 @@ func (l *Limiter) eachDenied(fn func(*denied)) {
 
 // ClientStates is the number of per-client negative-cache entries.
 func (l *Limiter) ClientStates() (n int64) {
-	l.eachDenied(func(d *denied) { n += d.n.Load() })
+	l.eachDenied(func(d *Denied) { n += d.n.Load() })
 	return n
 }
 
@@ -123,7 +123,7 @@ func (l *Limiter) Run(ctx context.Context) {
 // Sweep drops negative-cache entries that ran out, idle leases and idle
 // in-process logs.
 func (l *Limiter) Sweep(now time.Time) {
-	l.eachDenied(func(d *denied) { d.sweep(mono(now)) })
+	l.eachDenied(func(d *Denied) { d.Sweep(mono(now)) })
 	l.local.Sweep()
 	if l.redis != nil {
 		l.redis.leases.sweep(mono(now))

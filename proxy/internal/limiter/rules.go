@@ -80,7 +80,7 @@ type Window struct {
 	// The negative cache: until when (mono ns) the window is known full —
 	// full for a global window, denied per client for a per-client one.
 	full   atomic.Int64
-	denied *denied
+	denied *Denied
 }
 
 // KindName is the window's kind as metrics label it: address, header,
@@ -149,7 +149,7 @@ func Compile(rules []conf.Rule, keyPrefix string, m *Metrics) (*Rules, error) {
 				case conf.KeyCookie:
 					win.Source, win.Name, policy = FromCookie, []byte(name), "key"
 				}
-				win.pre, win.key, win.denied = keyPrefix+"{rl:", "}:"+cr.Name, newDenied()
+				win.pre, win.key, win.denied = keyPrefix+"{rl:", "}:"+cr.Name, NewDenied()
 			}
 			win.Policy = cr.Name + "-" + policy
 			quoted := `"` + win.Policy + `"`
@@ -209,7 +209,7 @@ func (w *Window) deniedUntil(client []byte) int64 {
 	if w.denied == nil {
 		return w.full.Load()
 	}
-	return w.denied.until(client)
+	return w.denied.Until(client)
 }
 
 // setDenied records the window of client full until u (mono ns).

@@ -87,7 +87,7 @@ type Service struct {
 	local *limiter.Memory
 	// denied is the negative cache of the running configuration: a reload
 	// starts an empty one (a raised limit frees the windows known full).
-	denied atomic.Pointer[denied]
+	denied atomic.Pointer[limiter.Denied]
 	m      *Metrics
 }
 
@@ -112,7 +112,7 @@ func New(cfg *Config, o Options) *Service {
 
 // SetConfig swaps the running configuration.
 func (s *Service) SetConfig(c *Config) {
-	s.denied.Store(newDenied(s.o.MaxCached))
+	s.denied.Store(limiter.NewDenied())
 	s.cfg.Store(c)
 	s.m.domains.Set(float64(c.Domains()))
 }
@@ -141,7 +141,7 @@ func (s *Service) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.denied.Load().sweep(mono())
+			s.denied.Load().Sweep(mono())
 			s.local.Sweep()
 		}
 	}
@@ -394,7 +394,7 @@ func (s *Service) group(g []*item, weight int) (refused bool, err error) {
 			refused = true
 			continue
 		}
-		if u := neg.until(it.key); u > m {
+		if u := neg.Until(it.key); u > m {
 			s.refuse(it, time.Duration(u-m))
 			refused, cached = true, true
 		}
@@ -425,7 +425,7 @@ func (s *Service) group(g []*item, weight int) (refused bool, err error) {
 		got := gots[k]
 		if got.Remaining == 0 && got.Reset > 0 && (!got.Full || weight == 1) {
 			// Full until its oldest hit slides out, from before the call.
-			neg.set(it.key, m+int64(got.Reset))
+			neg.Set(it.key, m+int64(got.Reset), m, s.o.MaxCached, nil)
 		}
 		if got.Remaining < 0 { // a cluster's later tag, not looked at
 			continue
@@ -546,3 +546,6 @@ func appendSFString(dst []byte, s string) []byte {
 	}
 	return append(dst, '"')
 }
+
+// mono is now in the negative cache's clock.
+func mono() int64 { return limiter.Mono(time.Now()) }
