@@ -3,8 +3,6 @@ package limiter
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/faultnet"
 	"github.com/seckill/seckill/internal/redisnodes"
 	"github.com/seckill/seckill/internal/servicetest"
 )
@@ -462,19 +461,13 @@ func TestLastSlotResetHeedsLeases(t *testing.T) {
 // the timeout of when it was asked.
 func TestBlackHoleBound(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	servicetest.Must(t, err, "listen")
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(io.Discard, c) }()
-		}
-	}()
-	rdb := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
+	// Redis behind the test's fault proxy, every reply held a minute.
+	real, _ := servicetest.RedisNode(t)
+	fp, err := faultnet.Listen("127.0.0.1:0", real.Options().Addr)
+	servicetest.Must(t, err, "fault proxy")
+	t.Cleanup(func() { _ = fp.Close() })
+	fp.Set(faultnet.Faults{Down: faultnet.Flow{DelayRate: 1, Delay: time.Minute}})
+	rdb := redis.NewClient(&redis.Options{Addr: fp.Addr(), ContextTimeoutEnabled: true, Protocol: 2, MaxRetries: -1, DisableIdentity: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	const T = 100 * time.Millisecond
 	s := NewRedis(rdb, "blk", T, NewMetrics(prometheus.NewRegistry()), nil)
