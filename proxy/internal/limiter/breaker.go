@@ -20,7 +20,7 @@ type breaker struct {
 	openUntil     time.Time
 	probeUntil    time.Time
 	delay         time.Duration // the current back-off
-	probeFor      time.Duration // how long a probe may take (queue, call, judge)
+	probeFor      time.Duration // how long a probe may take (queue, call or PING)
 	bo            *backoff.Backoff
 }
 

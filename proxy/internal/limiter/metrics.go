@@ -14,7 +14,7 @@ type Metrics struct {
 	decisions *prometheus.CounterVec // rule, outcome: admitted|limited|shadow|degraded|shed
 	windows   *prometheus.CounterVec // rule, window kind, outcome: admitted|refused
 	fallbacks *prometheus.CounterVec // reason: timeout|error|breaker_open
-	shed      *prometheus.CounterVec // reason: queue_full|queue_wait|call_timeout
+	shed      *prometheus.CounterVec // reason: queue_full|wait_timeout
 	latency   prometheus.Histogram
 	batch     prometheus.Histogram
 
@@ -24,9 +24,10 @@ type Metrics struct {
 	leased, returned  prometheus.Counter // lease slots granted, given back unspent
 	backDropped       prometheus.Counter // unspent lease slots left to slide out
 	evicted           prometheus.Counter
-	decided           atomic.Uint64 // decisions that needed the limiter
-	called            atomic.Uint64 // script calls
-	queued            atomic.Int64  // decisions waiting for a call
+	lateWaits         prometheus.Counter // bounds extended: this host woke the waiter late
+	decided           atomic.Uint64      // decisions that needed the limiter
+	called            atomic.Uint64      // script calls
+	queued            atomic.Int64       // decisions waiting for a call
 }
 
 // NewMetrics registers the limiter's metrics on reg.
@@ -43,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		fallbacks: vec("seckill_proxy_limiter_fallbacks_total",
 			"Decisions made by on_redis_error, by why Redis could not decide: timeout, error, breaker_open.", "reason"),
 		shed: vec("seckill_proxy_limiter_shed_total",
-			"Decisions shed (503) because the limiter was overloaded: queue_full, queue_wait (waited redis_timeout for a call), call_timeout (the call timed out while Redis answered others).", "reason"),
+			"Decisions shed (503) because the limiter was overloaded: queue_full, wait_timeout (no answer within twice redis_timeout while Redis answered others or a PING).", "reason"),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "seckill_proxy_redis_call_seconds",
 			Help: "Latency of limiter round trips to Redis.", Buckets: metrics.LatencyBuckets}),
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "seckill_proxy_limiter_batch_decisions",
@@ -71,7 +72,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Lease slots this instance gave back to Redis unspent."})
 	m.backDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_limiter_lease_slots_unreturned_total",
 		Help: "Unspent lease slots this instance could not give back (Redis failed, or too many queued): they count until they slide out."})
-	reg.MustRegister(m.leased, m.returned, m.backDropped)
+	m.lateWaits = prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_limiter_late_waits_total",
+		Help: "Decisions whose wait for Redis was extended because this host woke them more than redis_timeout late (a saturated host, not a slow Redis)."})
+	reg.MustRegister(m.leased, m.returned, m.backDropped, m.lateWaits)
 	return m
 }
 

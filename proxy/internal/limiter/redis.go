@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/seckill/seckill/lua"
 )
@@ -23,13 +24,15 @@ import (
 // pipeline on a cluster), so a crowd costs a round trip per batch, not per
 // client, and batches grow with the load instead of the queue.
 //
-// Bounds: a decision that waited the timeout in the queue is shed (ErrShed:
-// overload); a call is bounded by the timeout. A call that timed out while
-// Redis answered another call sent after it, or a PING right after (judge),
-// met load (Redis is alive, this host or its queue slow), not a failure: its
-// decisions are shed too. Any other error is a Redis failure, which the
-// breaker counts and on_redis_error answers. Take returns within about
-// twice the timeout.
+// Bounds: a decision waits at most twice the timeout for its answer (await);
+// then it is shed (ErrShed: load) when Redis answered anything since it was
+// queued, else it falls back to on_redis_error (a timeout error). The call
+// itself may take longer, up to failAfter: on a host saturated by a crowd a
+// reply that came in time is read late (the reading goroutine waits its
+// turn behind thousands), and is still an exact answer for every decision
+// still waiting on it; the hits of decisions that gave up are given back.
+// Only an error, or a call unanswered for failAfter, is a Redis failure,
+// which the breaker counts. Take returns within about twice the timeout.
 type Redis struct {
 	rdb     redis.Cmdable
 	cluster bool
@@ -40,7 +43,11 @@ type Redis struct {
 	active  atomic.Int32 // flushers running
 	br      breaker
 	live    atomic.Int64
-	lastOK  atomic.Int64 // mono ns when Redis last answered a call
+	lastOK  atomic.Int64 // mono ns: when the latest call or PING Redis answered was sent
+	calls   atomic.Int32 // script calls in flight
+	late    atomic.Int64 // how late this host last woke a waiter (ns) ...
+	lateAt  atomic.Int64 // ... and when (mono ns)
+	pings   singleflight.Group
 	leases  *leases
 	backs   atomic.Int32 // lease slots queued or on their way back
 	backMu  sync.Mutex
@@ -64,11 +71,16 @@ const (
 	liveness = 3 * time.Second
 )
 
-// op is one decision in the queue; the flusher that takes it always
-// signals done, within the bounds.
+// op is one decision in the queue. ws and asks are its own copies (a
+// flusher may still read them after the waiter gave up); out and leased
+// are the waiter's, written only by the flusher that claimed the op
+// (state opWaiting -> opClaimed), which then signals done. A waiter that
+// gives up first (opWaiting -> opGone) leaves the op to the flusher, which
+// gives back what Redis granted it and recycles it.
 type op struct {
 	ws       []Want
 	asks     []int   // per window: lease slots to ask for (nil: none)
+	askBuf   []int   // asks' storage, kept while pooled
 	leased   []grant // per window: lease slots granted
 	weight   int
 	out      []Got
@@ -76,8 +88,16 @@ type op struct {
 	err      error
 	queued   time.Time
 	seq, idx uint64 // its call and place there: members "<id>:<seq>:<idx>:<j>"
+	state    atomic.Int32
 	done     chan struct{}
 }
+
+// op states
+const (
+	opWaiting = iota // queued or in a call; its waiter waits
+	opClaimed        // a flusher writes its answer and signals done
+	opGone           // its waiter gave up: the flusher owns it
+)
 
 // NewRedis makes the Redis store; instance is this proxy's unique id.
 func NewRedis(rdb redis.Cmdable, instance string, timeout time.Duration, m *Metrics, log *slog.Logger) *Redis {
@@ -89,7 +109,7 @@ func NewRedis(rdb redis.Cmdable, instance string, timeout time.Duration, m *Metr
 	s.leases = newLeases(s.giveBack, s.prefetch)
 	s.pool.New = func() any { return &op{done: make(chan struct{}, 1)} }
 	s.bufs.New = func() any { return new(takeBufs) }
-	s.br.init(3 * timeout)
+	s.br.init(s.failAfter() + 2*timeout) // a probe's answer comes by then
 	s.live.Store(1)
 	return s
 }
@@ -266,8 +286,11 @@ func (s *Redis) sendBack() {
 func (s *Redis) take(ws []Want, asks []int, leased []grant, weight int, out []Got) (bool, error) {
 	if !s.cluster || len(ws) == 1 {
 		o := s.get(ws, asks, leased, weight, out)
-		defer s.pool.Put(o)
-		return s.wait(o)
+		ok, err, gone := s.wait(o)
+		if !gone {
+			s.pool.Put(o)
+		}
+		return ok, err
 	}
 	order := make([]int, len(ws))
 	for i := range order {
@@ -287,14 +310,17 @@ func (s *Redis) take(ws []Want, asks []int, leased []grant, weight int, out []Go
 		for hi = lo + 1; hi < len(sorted) && hashTag(sorted[hi].Key) == hashTag(sorted[lo].Key); hi++ {
 		}
 		o := s.get(sorted[lo:hi], sasks[lo:hi], sleased[lo:hi], weight, got[lo:hi])
-		if ok, err = s.wait(o); ok && err == nil {
+		var gone bool
+		if ok, err, gone = s.wait(o); ok && err == nil {
 			for _, w := range sorted[lo:hi] {
 				for j := range weight {
 					back[w.Key] = append(back[w.Key], s.id+":"+strconv.FormatUint(o.seq, 10)+":"+strconv.FormatUint(o.idx, 10)+":"+strconv.Itoa(j+1))
 				}
 			}
 		}
-		s.pool.Put(o)
+		if !gone {
+			s.pool.Put(o)
+		}
 	}
 	for i, j := range order {
 		out[j] = got[i]
@@ -320,23 +346,38 @@ func (s *Redis) take(ws []Want, asks []int, leased []grant, weight int, out []Go
 
 func (s *Redis) get(ws []Want, asks []int, leased []grant, weight int, out []Got) *op {
 	o := s.pool.Get().(*op)
-	o.ws, o.asks, o.leased, o.weight, o.out, o.ok, o.err, o.queued = ws, asks, leased, weight, out, false, nil, time.Now()
+	o.ws = append(o.ws[:0], ws...)
+	o.asks = nil
+	if asks != nil {
+		o.asks = append(o.askBuf[:0], asks...)
+		o.askBuf = o.asks
+	}
+	o.leased, o.weight, o.out, o.ok, o.err, o.queued = leased, weight, out, false, nil, time.Now()
+	o.state.Store(opWaiting)
 	return o
 }
 
-// wait queues o and waits until a flusher decided it.
-func (s *Redis) wait(o *op) (bool, error) {
+// wait queues o and waits for its answer, at most twice the timeout from
+// when it was queued. Past the timeout with no answer of Redis since then,
+// a PING goes (one at a time for all waiters): Redis alive makes the bound
+// a shed, not a fallback (with leases few calls are in flight, so a slow
+// call seldom has a neighbour to vouch for Redis). gone: o now belongs to
+// its flusher (the waiter gave up), not to be recycled by the caller.
+func (s *Redis) wait(o *op) (ok bool, err error, gone bool) {
 	if !s.br.allow(o.queued) {
 		s.m.skipped.Inc()
-		return false, errBreakerOpen
+		return false, errBreakerOpen, false
 	}
 	s.m.queued.Add(1) // before the flusher that takes it subtracts
 	select {
 	case s.queue <- o:
 	default:
 		s.m.queued.Add(-1)
+		if !s.answeredSince(mono(time.Now()) - int64(2*s.timeout)) {
+			return false, errSilent, false // full behind calls Redis has not answered
+		}
 		s.m.shed.WithLabelValues("queue_full").Inc()
-		return false, ErrShed
+		return false, ErrShed, false
 	}
 	for n := s.active.Load(); n < flushers; n = s.active.Load() {
 		if s.active.CompareAndSwap(n, n+1) {
@@ -344,9 +385,72 @@ func (s *Redis) wait(o *op) (bool, error) {
 			break
 		}
 	}
-	<-o.done
-	return o.ok, o.err
+	first := o.queued.Add(s.timeout)
+	t := time.NewTimer(time.Until(first))
+	defer t.Stop()
+	select {
+	case <-o.done:
+		return o.ok, o.err, false
+	case <-t.C:
+		s.woke(first)
+	}
+	if !s.answeredSince(mono(o.queued)) {
+		s.ping()
+	}
+	due := o.queued.Add(2 * s.timeout)
+	t.Reset(time.Until(due))
+	select {
+	case <-o.done:
+		return o.ok, o.err, false
+	case <-t.C:
+	}
+	// Woken later than the timeout past the bound: this host's run queue,
+	// not Redis (the flusher reading the reply waits its turn the same
+	// way). Wait as long once more before giving up.
+	if late := s.woke(due); late > s.timeout {
+		s.m.lateWaits.Inc()
+		t.Reset(late)
+		select {
+		case <-o.done:
+			return o.ok, o.err, false
+		case <-t.C:
+		}
+	}
+	if !o.state.CompareAndSwap(opWaiting, opGone) { // claimed: its answer is being written
+		<-o.done
+		return o.ok, o.err, false
+	}
+	if s.answeredSince(mono(o.queued)) {
+		s.m.shed.WithLabelValues("wait_timeout").Inc()
+		return false, ErrShed, true
+	}
+	return false, errSilent, true
 }
+
+// errSilent: Redis answered nothing (no call, no PING) within a decision's
+// bound; the decision falls back to on_redis_error as a timeout.
+var errSilent = fmt.Errorf("limiter: redis answered nothing within the bound: %w", context.DeadlineExceeded)
+
+// ping sends one PING (one at a time, whoever asks); an answer is Redis
+// alive (settle), however late this host reads it.
+func (s *Redis) ping() {
+	s.pings.DoChan("", func() (any, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), s.failAfter())
+		defer cancel()
+		t0 := time.Now()
+		err := s.rdb.Ping(ctx).Err()
+		if err == nil { // a failure is the calls' to tell: not counted twice
+			s.settle(t0, false, nil)
+		}
+		return nil, err
+	})
+}
+
+// failAfter is how long Redis may leave a call or a PING unanswered before
+// the breaker counts a failure: ten timeouts, at least a second. A reply
+// later than the timeout but within it is load (this host, or the calls
+// ahead), not a failure.
+func (s *Redis) failAfter() time.Duration { return max(time.Second, 10*s.timeout) }
 
 // flush sends what is queued until the queue is empty, then exits (an idle
 // limiter holds no goroutine). An op queued just before the exit finds the
@@ -376,16 +480,14 @@ func (s *Redis) flush() {
 	}
 }
 
-// send decides a batch: sheds what waited too long, then one call per group
-// (the batch on a node; each hash tag on a cluster).
+// send decides a batch: one call per group (the batch on a node; each hash
+// tag on a cluster), bounded by failAfter; ops whose waiter gave up before
+// the call left are dropped.
 func (s *Redis) send(batch []*op) {
-	now := time.Now()
 	groups, byTag := [][]*op{nil}, map[string]int{}
 	for _, o := range batch {
-		if now.Sub(o.queued) > s.timeout {
-			s.m.shed.WithLabelValues("queue_wait").Inc()
-			o.err = ErrShed
-			o.done <- struct{}{}
+		if o.state.Load() == opGone {
+			s.pool.Put(o)
 			continue
 		}
 		g := 0
@@ -405,14 +507,15 @@ func (s *Redis) send(batch []*op) {
 	if len(groups) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.failAfter())
 	defer cancel()
 	cmds, keys, args := make([]*redis.Cmd, len(groups)), make([][]string, len(groups)), make([][]any, len(groups))
 	live := s.Live()
 	for g, ops := range groups {
 		keys[g], args[g] = s.encode(ops, s.seq.Add(1), live)
 	}
-	t0 := time.Now()
+	t0, alone := time.Now(), s.calls.Add(1) == 1
+	defer s.calls.Add(-1)
 	if len(groups) == 1 {
 		cmds[0] = lua.RateLimit.Run(ctx, s.rdb, keys[0], args[0]...)
 	} else {
@@ -430,7 +533,6 @@ func (s *Redis) send(batch []*op) {
 	}
 	s.m.latency.Observe(time.Since(t0).Seconds())
 	var failed error
-	var judged []*op // timed out with no answer of Redis since they left
 	answered := false
 	for g, ops := range groups {
 		s.m.called.Add(1)
@@ -441,85 +543,82 @@ func (s *Redis) send(batch []*op) {
 			s.m.ok.Inc()
 			answered = true
 		case isTimeout(err) && s.answeredSince(mono(t0)):
+			// silent for failAfter while Redis answered others: this
+			// connection, not Redis; its waiters have long given up
 			s.m.fail.Inc()
-			s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
-			err = ErrShed
-		case isTimeout(err):
-			s.m.fail.Inc()
-			for _, o := range ops {
-				o.err = err
-			}
-			judged = append(judged, ops...)
-			continue
 		default:
 			s.m.fail.Inc()
 			failed = err
 		}
-		for _, o := range ops {
-			o.err = err
-			o.done <- struct{}{}
+		if err != nil {
+			for _, o := range ops {
+				if o.state.CompareAndSwap(opWaiting, opClaimed) {
+					o.err = err
+					o.done <- struct{}{}
+				} else {
+					s.pool.Put(o)
+				}
+			}
 		}
 	}
-	// A call shed as load tells nothing of Redis: neither a failure for the
-	// breaker nor an answer that would make the next timeout look like load.
-	if failed != nil || answered {
+	if failed != nil {
 		s.record(failed)
-	}
-	if len(judged) > 0 {
-		go s.judge(judged)
-	}
-}
-
-// oldest is when the op of ops that waits longest was queued.
-func oldest(ops []*op) time.Time {
-	t := ops[0].queued
-	for _, o := range ops[1:] {
-		if o.queued.Before(t) {
-			t = o.queued
-		}
-	}
-	return t
-}
-
-// judge decides what a timeout that no answer of Redis followed means: a
-// PING answered within what is left of twice the timeout for the op queued
-// first: load (shed, and Redis's answer for the breaker); else a failure
-// (on_redis_error). With leases few calls are in flight, so a slow call
-// seldom has a neighbour answered after it; a Redis paused or cut answers
-// neither. It runs beside the flushers: the queue behind does not wait.
-func (s *Redis) judge(ops []*op) {
-	// what is left of twice the timeout for the op queued first (at most
-	// the timeout): no decision waits longer for the verdict
-	budget := min(s.timeout, 2*s.timeout-time.Since(oldest(ops)))
-	err := error(context.DeadlineExceeded)
-	if budget > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), budget)
-		err = s.rdb.Ping(ctx).Err()
-		cancel()
-	}
-	if err == nil {
-		s.m.shed.WithLabelValues("call_timeout").Add(float64(len(ops)))
-		for _, o := range ops {
-			o.err = ErrShed
-		}
-	}
-	s.record(err) // the ops keep their timeout when Redis answered neither
-	for _, o := range ops {
-		o.done <- struct{}{}
+	} else if answered {
+		s.settle(t0, alone, nil)
 	}
 }
 
-// answeredSince reports whether Redis answered this instance after t (mono).
+// answeredSince reports whether Redis answered a call or PING this
+// instance sent after t (mono): then Redis is alive and serves newer work,
+// and a decision still waiting since t met load, not a failure.
 func (s *Redis) answeredSince(t int64) bool {
 	ok := s.lastOK.Load()
 	return ok != 0 && ok > t // 0: never
 }
 
-// record tells the breaker how a call went (nil: Redis answered).
-func (s *Redis) record(err error) {
+// settle tells the breaker how a call or PING sent at t0 went. An answer
+// is Redis alive, unless it came later than twice the timeout to a call
+// sent alone (none of this instance's ahead of it in Redis) while this
+// host wakes its waiters on time: Redis slow, a failure. A late answer
+// behind other calls is Redis busy with them (a crowd's first burst), and
+// on a saturated host this host's run queue: neither tells anything.
+func (s *Redis) settle(t0 time.Time, alone bool, err error) {
+	now := time.Now()
 	if err == nil {
-		s.lastOK.Store(mono(time.Now()))
+		for sent, ok := mono(t0), s.lastOK.Load(); sent > ok && !s.lastOK.CompareAndSwap(ok, sent); ok = s.lastOK.Load() {
+		}
+		if now.Sub(t0) > 2*s.timeout {
+			if !alone || s.hostLate(now) {
+				return
+			}
+			err = errSlow
+		}
 	}
+	s.record(err)
+}
+
+// errSlow: Redis answered later than twice the timeout on a host that was
+// not itself late.
+var errSlow = fmt.Errorf("limiter: redis answered later than twice redis_timeout: %w", context.DeadlineExceeded)
+
+// woke notes how late this host woke a waiter whose timer was due at due.
+func (s *Redis) woke(due time.Time) time.Duration {
+	now := time.Now()
+	late := now.Sub(due)
+	s.late.Store(int64(late))
+	s.lateAt.Store(mono(now))
+	return late
+}
+
+// hostLate reports whether this host woke a waiter more than half a
+// timeout late within the last second.
+func (s *Redis) hostLate(now time.Time) bool {
+	return s.late.Load() > int64(s.timeout/2) && mono(now)-s.lateAt.Load() < int64(time.Second)
+}
+
+// record tells the breaker how a call went (nil: Redis answered; see
+// settle).
+func (s *Redis) record(err error) {
 	if err != nil {
 		if s.br.failure(time.Now()) {
 			s.log.Warn("redis limiter degraded: circuit open, rules fall back to on_redis_error", "err", err)
@@ -554,37 +653,70 @@ func (s *Redis) encode(ops []*op, seq uint64, live int) ([]string, []any) {
 	return keys, args
 }
 
-// decode spreads a call's reply over its ops.
+// decode spreads a call's reply over its ops: each one still waited on is
+// claimed, answered and signalled; the hits and lease slots of one whose
+// waiter gave up go back (it was neither admitted nor told anything).
 func (s *Redis) decode(c *redis.Cmd, ops []*op) error {
 	r, err := c.Int64Slice()
 	if err != nil {
 		return err
 	}
-	i := 1
+	need := 1 // the script's clock, then per op its flag, per window 3 values and leased where asked
 	for _, o := range ops {
-		need := 1 + 3*len(o.ws) // its flag, per window 3 values and leased where asked
+		need += 1 + 3*len(o.ws)
 		for w := range o.asks {
 			if o.asks[w] > 0 {
 				need++
 			}
 		}
-		if i+need > len(r) {
-			return fmt.Errorf("limiter: short ratelimit reply (%d values)", len(r))
-		}
-		o.ok = r[i] == 1
+	}
+	if need > len(r) { // checked before any op is claimed: a short reply fails them all alike
+		return fmt.Errorf("limiter: short ratelimit reply (%d values, want %d)", len(r), need)
+	}
+	i := 1
+	for _, o := range ops {
+		mine := o.state.CompareAndSwap(opWaiting, opClaimed)
+		ok := r[i] == 1
 		for w := range o.ws {
-			o.out[w] = Got{Full: r[i+1] == 1, Remaining: int(r[i+2]), Reset: time.Duration(r[i+3]) * time.Millisecond, At: r[0]}
+			if mine {
+				o.out[w] = Got{Full: r[i+1] == 1, Remaining: int(r[i+2]), Reset: time.Duration(r[i+3]) * time.Millisecond, At: r[0]}
+			}
 			i += 3
 			if o.asks != nil && o.asks[w] > 0 { // the script says leased only where asked
 				if n := int(r[i+1]); n > 0 {
-					o.leased[w] = grant{n: n, name: s.id + ":" + strconv.FormatUint(o.seq, 10) + ":" + strconv.FormatUint(o.idx, 10) + ":l"}
+					name := s.member(o, "l")
+					if mine {
+						o.leased[w] = grant{n: n, name: name}
+					} else {
+						s.giveBack(o.ws[w].Key, names(name, 1, n))
+					}
 				}
 				i++
 			}
 		}
 		i++
+		if mine {
+			o.ok = ok
+			o.done <- struct{}{}
+			continue
+		}
+		if ok && o.weight > 0 {
+			for _, w := range o.ws {
+				hits := make([]string, o.weight)
+				for j := range hits {
+					hits[j] = s.member(o, strconv.Itoa(j+1))
+				}
+				s.giveBack(w.Key, hits)
+			}
+		}
+		s.pool.Put(o)
 	}
 	return nil
+}
+
+// member is the name of o's member with suffix j in its call's logs.
+func (s *Redis) member(o *op, j string) string {
+	return s.id + ":" + strconv.FormatUint(o.seq, 10) + ":" + strconv.FormatUint(o.idx, 10) + ":" + j
 }
 
 // hashTag is the part of a key Redis Cluster hashes ({...}), or the key.
@@ -620,10 +752,11 @@ func (s *Redis) Run(ctx context.Context, set string) {
 	defer t.Stop()
 	for {
 		if s.br.allow(time.Now()) {
-			c, cancel := context.WithTimeout(ctx, s.timeout)
+			c, cancel := context.WithTimeout(ctx, s.failAfter())
+			t0 := time.Now()
 			n, err := lua.Instances.Run(c, s.rdb, []string{set}, s.id, liveness.Milliseconds()).Int64()
 			cancel()
-			if s.record(err); err == nil {
+			if s.settle(t0, false, err); err == nil {
 				s.live.Store(n)
 			}
 		}
