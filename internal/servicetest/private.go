@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,14 +32,6 @@ func needBinary(t testing.TB, name string) string {
 	return p
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	Must(t, err, "listen")
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // Private is a server of the test's own, which it may stop, restart or count
 // exactly (INFO commandstats, SHOW GLOBAL STATUS): nothing else uses it.
 type Private struct {
@@ -61,7 +52,7 @@ func PrivateRedis(t testing.TB) *Private {
 	bin := needBinary(t, "redis-server")
 	var errs []string
 	for range 10 {
-		p := redisServer(t, bin, freePort(t))
+		p := redisServer(t, bin, FreePort(t))
 		err := p.startRedis()
 		if err == nil {
 			t.Cleanup(p.Kill)
@@ -86,7 +77,7 @@ func StartRedisArgs(t testing.TB, args func(port int) []string) *Private {
 	bin := needBinary(t, "redis-server")
 	var errs []string
 	for range 10 {
-		port := freePort(t)
+		port := FreePort(t)
 		p := &Private{Addr: "127.0.0.1:" + strconv.Itoa(port), owner: t, argv: append([]string{bin}, args(port)...)}
 		if err := p.startRedis(); err != nil {
 			errs = append(errs, err.Error())
@@ -101,9 +92,6 @@ func StartRedisArgs(t testing.TB, args func(port int) []string) *Private {
 	t.Fatalf("redis-server %v did not start: %s", args(0), strings.Join(errs, "; "))
 	return nil
 }
-
-// FreePort is a port free on 127.0.0.1 a moment ago.
-func FreePort(t testing.TB) int { return freePort(t) }
 
 // redisServer is a redis-server on port that keeps nothing on disk, a
 // child of test t.
@@ -199,7 +187,7 @@ func PrivateMariaDB(t testing.TB) (*Private, string) {
 	if err != nil {
 		t.Fatalf("mariadb-install-db (bound 2m): %v\n%s", err, out)
 	}
-	port := freePort(t)
+	port := FreePort(t)
 	argv := []string{bin, "--no-defaults", "--datadir=" + data, "--port=" + strconv.Itoa(port),
 		"--bind-address=127.0.0.1", "--socket=" + filepath.Join(dir, "sock"), "--pid-file=" + filepath.Join(dir, "pid"),
 		"--innodb-buffer-pool-size=32M", "--skip-log-bin", "--log-error=" + filepath.Join(dir, "err.log")}

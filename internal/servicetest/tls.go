@@ -60,7 +60,7 @@ func StartTLSCluster(t testing.TB) *TLSRedis {
 	var addrs []string
 	for i := range 6 {
 		ip := fmt.Sprintf("127.0.0.%d", 11+i)
-		bus := freePortOn(t, ip)
+		bus := FreePortOn(t, ip)
 		n := r.startNode(t, ip, []string{"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus),
 			"--cluster-config-file", filepath.Join(r.dir, "nodes-"+ip+".conf"), "--cluster-node-timeout", "2000",
 			"--cluster-announce-ip", ip, "--tls-cluster", "yes", "--tls-replication", "yes", "--repl-diskless-sync-delay", "0"})
@@ -252,7 +252,7 @@ func (r *TLSRedis) startNode(t testing.TB, ip string, extra []string, configFile
 	cert, key := r.Issue(t, "node-"+ip, []net.IP{net.ParseIP(ip)}, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
 	var errs []string
 	for range 5 {
-		port := freePortOn(t, ip)
+		port := FreePortOn(t, ip)
 		p := &Private{Addr: net.JoinHostPort(ip, strconv.Itoa(port)), owner: t, tls: r.ClientTLS()}
 		argv := append(append([]string{"redis-server"}, configFile...), "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", ip,
 			"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", r.CAFile,
@@ -271,16 +271,4 @@ func (r *TLSRedis) startNode(t testing.TB, ip string, extra []string, configFile
 	}
 	t.Fatalf("TLS redis-server on %s did not start: %s", ip, strings.Join(errs, "; "))
 	return nil
-}
-
-// freePortOn is freePort on another loopback address (all of 127/8 is
-// local on Linux).
-func freePortOn(t testing.TB, ip string) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		unavailable(t, "loopback address "+ip, err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -8,7 +8,6 @@ package stack
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -422,36 +421,12 @@ func tail(b []byte, n int) string {
 	return strings.TrimSpace(string(b))
 }
 
-// FreeAddr returns a loopback address with a port that was free just now,
-// taken below the kernel's ephemeral range (32768 and up here): a process
-// killed and restarted on the same port must not find it taken by one of the
-// machine's outgoing connections, which only ever get ephemeral ports.
-//
-// The port is claimed until the test ends, for every test process on the
-// machine (an abstract unix socket named after it, which the kernel frees
-// with its holder): the e2e packages run in parallel, each test's child binds
-// its port seconds after the probe, and a killed process is restarted on the
-// same port, so a probe alone would hand one port to two tests.
+// FreeAddr returns a loopback address with a port of
+// servicetest.FreePort: free just now, claimed for the test, below the
+// ephemeral range (a process killed and restarted on it finds it free).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	for range 500 {
-		port := 20000 + rand.IntN(12000)
-		claim, err := net.Listen("unix", "@seckill-test-port-"+strconv.Itoa(port))
-		if err != nil {
-			continue // another test holds it
-		}
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			_ = claim.Close()
-			continue
-		}
-		_ = ln.Close()
-		t.Cleanup(func() { _ = claim.Close() })
-		return addr
-	}
-	t.Fatal("no free port between 20000 and 32000")
-	return ""
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(servicetest.FreePort(t)))
 }
 
 // WaitFor polls cond every 50ms; the bound keeps a broken build from
