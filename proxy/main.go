@@ -22,6 +22,7 @@ import (
 	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
 	"github.com/seckill/seckill/proxy/internal/edge"
+	"github.com/seckill/seckill/proxy/internal/limiter"
 	"github.com/seckill/seckill/proxy/internal/rls"
 )
 
@@ -184,7 +185,7 @@ func startRLS(cfg conf.Config, p *edge.Proxy, log *slog.Logger) (*rls.Service, *
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	mode, err := rls.ParseMode(rc.OnRedisError)
+	mode, err := limiter.ParseRLSMode(rc.OnRedisError)
 	if err != nil {
 		return nil, nil, nil, err
 	}

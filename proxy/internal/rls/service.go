@@ -29,33 +29,17 @@ const (
 )
 
 // Mode is what a window does while the store cannot decide
-// ([proxy] rls_on_redis_error).
-type Mode uint8
+// ([proxy] rls_on_redis_error, parsed by limiter.ParseRLSMode): the HTTP
+// rules' modes, and limiter.ModeEnvoy.
+type Mode = limiter.Mode
 
-// Modes.
+// Modes, named here for the service's callers.
 const (
-	ModeLocal  Mode = iota // limit in this process at limit / live instances
-	ModeOpen               // admit
-	ModeClosed             // refuse (OVER_LIMIT)
-	ModeEnvoy              // answer UNAVAILABLE: Envoy's failure_mode_deny decides
+	ModeLocal  = limiter.ModeLocal  // limit in this process at limit / live instances
+	ModeOpen   = limiter.ModeOpen   // admit
+	ModeClosed = limiter.ModeClosed // refuse (OVER_LIMIT)
+	ModeEnvoy  = limiter.ModeEnvoy  // answer UNAVAILABLE: Envoy's failure_mode_deny decides
 )
-
-// ParseMode parses rls_on_redis_error; "" is ModeLocal.
-func ParseMode(s string) (Mode, error) {
-	switch s {
-	case "", "local":
-		return ModeLocal, nil
-	case "open":
-		return ModeOpen, nil
-	case "closed":
-		return ModeClosed, nil
-	case "envoy":
-		return ModeEnvoy, nil
-	}
-	return 0, fmt.Errorf("rls_on_redis_error %q: want local, open, closed or envoy", s)
-}
-
-var modeNames = [...]string{"local", "open", "closed", "envoy"}
 
 // Options of a Service.
 type Options struct {
@@ -455,8 +439,8 @@ func (s *Service) refuse(it *item, reset time.Duration) {
 
 // fallback decides g without the store, as rls_on_redis_error says.
 func (s *Service) fallback(g []*item, wants []limiter.Want, weight int, err error) (bool, error) {
-	s.m.fallbacks.WithLabelValues(modeNames[s.o.Mode]).Inc()
-	s.o.Log.Debug("rls decision fell back to rls_on_redis_error", "mode", modeNames[s.o.Mode], "err", err)
+	s.m.fallbacks.WithLabelValues(s.o.Mode.String()).Inc()
+	s.o.Log.Debug("rls decision fell back to rls_on_redis_error", "mode", s.o.Mode.String(), "err", err)
 	for _, it := range g {
 		it.degraded = true
 	}

@@ -458,7 +458,7 @@ func TestRedisDown(t *testing.T) {
 		ok   int // admitted of 6
 		err  codes.Code
 	}{{ModeLocal, 2, codes.OK}, {ModeOpen, 6, codes.OK}, {ModeClosed, 0, codes.OK}, {ModeEnvoy, 0, codes.Unavailable}} {
-		t.Run(modeNames[tc.mode], func(t *testing.T) {
+		t.Run(tc.mode.String(), func(t *testing.T) {
 			rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 			defer rdb.Close()
 			store := limiter.NewRedis(rdb, "down", 200*time.Millisecond, limiter.NewMetrics(prometheus.NewRegistry()), nil)
@@ -477,7 +477,7 @@ func TestRedisDown(t *testing.T) {
 			if ok != tc.ok {
 				t.Fatalf("%d admitted of 6, want %d", ok, tc.ok)
 			}
-			if n := value(r.svc.m.fallbacks.WithLabelValues(modeNames[tc.mode])); n != 6 {
+			if n := value(r.svc.m.fallbacks.WithLabelValues(tc.mode.String())); n != 6 {
 				t.Fatalf("fallbacks %v, want 6", n)
 			}
 			if tc.mode != ModeEnvoy {
