@@ -51,9 +51,8 @@ type Options struct {
 	// Decided counts a decision that used the store (limiter.CountDecision).
 	Decided   func()
 	KeyPrefix string // [redis] key_prefix
-	Mode      Mode
-	Headers   bool // IETF RateLimit headers in response_headers_to_add
-	Shadow    bool // rls_shadow_mode: answer OK, count what would be refused
+	// Settings at start; SetSettings and Reload change them.
+	Settings
 	// MaxCached bounds the negative cache (0: no bound).
 	MaxCached int
 	Metrics   *Metrics
@@ -63,11 +62,21 @@ type Options struct {
 	Trace func(key string, weight int, micros int64)
 }
 
+// Settings are the rls_* keys a SIGHUP changes without a restart (the
+// listener, reflection and the gRPC bounds need one: docs/envoy.md).
+type Settings struct {
+	Mode    Mode // rls_on_redis_error
+	Headers bool // rls_response_headers: IETF RateLimit headers in response_headers_to_add
+	Shadow  bool // rls_shadow_mode: answer OK, count what would be refused
+}
+
 // Service implements RateLimitService. Safe for concurrent use.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
-	o     Options
-	cfg   atomic.Pointer[Config]
+	o   Options
+	cfg atomic.Pointer[Config]
+	// set is read once per call, so one call sees one set of settings.
+	set   atomic.Pointer[Settings]
 	local *limiter.Memory
 	// denied is the negative cache of the running configuration: a reload
 	// starts an empty one (a raised limit frees the windows known full).
@@ -91,8 +100,15 @@ func New(cfg *Config, o Options) *Service {
 	}
 	s := &Service{o: o, local: limiter.NewMemory(), m: o.Metrics}
 	s.SetConfig(cfg)
+	s.SetSettings(o.Settings)
 	return s
 }
+
+// SetSettings swaps the running settings.
+func (s *Service) SetSettings(st Settings) { s.set.Store(&st) }
+
+// Settings are the running settings.
+func (s *Service) Settings() Settings { return *s.set.Load() }
 
 // SetConfig swaps the running configuration.
 func (s *Service) SetConfig(c *Config) {
@@ -104,11 +120,24 @@ func (s *Service) SetConfig(c *Config) {
 // Config is the running configuration.
 func (s *Service) Config() *Config { return s.cfg.Load() }
 
-// Reload loads path and runs it; an invalid one keeps the running one.
+// Apply runs c with st, counted as a reload; the caller loaded c (a
+// SIGHUP, which validates the rls_* keys and the files together).
+func (s *Service) Apply(c *Config, st Settings) {
+	s.m.reloads.WithLabelValues("ok").Inc()
+	s.SetSettings(st)
+	s.SetConfig(c)
+}
+
+// CountReloadError counts a reload the caller refused: the running
+// configuration and settings stay.
+func (s *Service) CountReloadError() { s.m.reloads.WithLabelValues("error").Inc() }
+
+// Reload loads path and runs it with the running settings (a change of
+// the files); an invalid one keeps the running one.
 func (s *Service) Reload(path string) error {
 	c, err := Load(path)
 	if err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
+		s.CountReloadError()
 		return err
 	}
 	s.m.reloads.WithLabelValues("ok").Inc()
@@ -150,7 +179,7 @@ type item struct {
 // ShouldRateLimit implements RateLimitService.
 func (s *Service) ShouldRateLimit(_ context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	t0 := time.Now()
-	resp, outcome, err := s.decide(req)
+	resp, outcome, err := s.decide(req, s.set.Load())
 	s.m.requests.WithLabelValues(outcome).Inc()
 	s.m.latency.Observe(time.Since(t0).Seconds())
 	return resp, err
@@ -212,7 +241,7 @@ func weightOf(req *pb.RateLimitRequest, d *rlc.RateLimitDescriptor) int {
 	return int(min(w, MaxLimit+1))
 }
 
-func (s *Service) decide(req *pb.RateLimitRequest) (*pb.RateLimitResponse, string, error) {
+func (s *Service) decide(req *pb.RateLimitRequest, st *Settings) (*pb.RateLimitResponse, string, error) {
 	if err := check(req); err != nil {
 		return nil, "invalid", status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -278,19 +307,19 @@ func (s *Service) decide(req *pb.RateLimitRequest) (*pb.RateLimitResponse, strin
 	// Enforced windows first, group by group until one refuses; then,
 	// for an admitted request, the shadow ones (advisory: they count only
 	// admitted requests, as the HTTP edge's shadow rules).
-	over, err := s.pass(items, false)
+	over, err := s.pass(items, false, st.Mode)
 	if err != nil {
 		return nil, "unavailable", status.Error(codes.Unavailable, err.Error())
 	}
 	if !over {
-		if _, err := s.pass(items, true); err != nil {
+		if _, err := s.pass(items, true, st.Mode); err != nil {
 			s.o.Log.Debug("rls shadow windows not decided", "err", err)
 		}
 	}
 	outcome := "ok"
 	if over {
 		resp.OverallCode, outcome = pb.RateLimitResponse_OVER_LIMIT, "over_limit"
-		if s.o.Shadow {
+		if st.Shadow {
 			resp.OverallCode, outcome = pb.RateLimitResponse_OK, "shadow"
 		}
 	}
@@ -308,7 +337,7 @@ func (s *Service) decide(req *pb.RateLimitRequest) (*pb.RateLimitResponse, strin
 			s.outcome(it, "within")
 		}
 	}
-	if s.o.Headers {
+	if st.Headers {
 		resp.ResponseHeadersToAdd = headers(items)
 	}
 	return resp, outcome, nil
@@ -323,7 +352,7 @@ func (s *Service) outcome(it *item, o string) {
 // repeating a key, one after another (the store takes one weight per
 // decision). Enforced groups stop at the first refusal. over: an item
 // refused.
-func (s *Service) pass(items []item, shadow bool) (over bool, err error) {
+func (s *Service) pass(items []item, shadow bool, mode Mode) (over bool, err error) {
 	var group []*item
 	for {
 		group = group[:0]
@@ -344,7 +373,7 @@ func (s *Service) pass(items []item, shadow bool) (over bool, err error) {
 		if len(group) == 0 {
 			return over, nil
 		}
-		refused, err := s.group(group, weight)
+		refused, err := s.group(group, weight, mode)
 		if err != nil {
 			return over, err
 		}
@@ -367,7 +396,7 @@ func hasKey(g []*item, key []byte) bool {
 }
 
 // group decides one group of items of one weight at one moment.
-func (s *Service) group(g []*item, weight int) (refused bool, err error) {
+func (s *Service) group(g []*item, weight int, mode Mode) (refused bool, err error) {
 	m, neg := mono(), s.denied.Load()
 	// Known full (or a limit of 0): refused without asking the store.
 	var cached bool
@@ -403,7 +432,7 @@ func (s *Service) group(g []*item, weight int) (refused bool, err error) {
 	case errors.Is(err, limiter.ErrShed):
 		return false, fmt.Errorf("rate-limit decision shed (overloaded): %w", err)
 	case err != nil:
-		return s.fallback(g, wants, weight, err)
+		return s.fallback(g, wants, weight, err, mode)
 	}
 	for k, it := range g {
 		got := gots[k]
@@ -438,13 +467,13 @@ func (s *Service) refuse(it *item, reset time.Duration) {
 }
 
 // fallback decides g without the store, as rls_on_redis_error says.
-func (s *Service) fallback(g []*item, wants []limiter.Want, weight int, err error) (bool, error) {
-	s.m.fallbacks.WithLabelValues(s.o.Mode.String()).Inc()
-	s.o.Log.Debug("rls decision fell back to rls_on_redis_error", "mode", s.o.Mode.String(), "err", err)
+func (s *Service) fallback(g []*item, wants []limiter.Want, weight int, err error, mode Mode) (bool, error) {
+	s.m.fallbacks.WithLabelValues(mode.String()).Inc()
+	s.o.Log.Debug("rls decision fell back to rls_on_redis_error", "mode", mode.String(), "err", err)
 	for _, it := range g {
 		it.degraded = true
 	}
-	switch s.o.Mode {
+	switch mode {
 	case ModeEnvoy:
 		return false, fmt.Errorf("rate-limit store failed (Envoy's failure_mode_deny decides): %w", err)
 	case ModeOpen:

@@ -541,9 +541,11 @@ func TestReloadAndHealth(t *testing.T) {
 	r := newRig(t, c, limiter.NewMemory(), "p:", nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := Watch(ctx, r.svc, file, nil); err != nil {
+	stop, err := Watch(ctx, r.svc, file, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	defer stop()
 	limitNow := func() uint32 {
 		return r.call(t, req("d", d("a", fmt.Sprint(time.Now().UnixNano())))).Statuses[0].CurrentLimit.GetRequestsPerUnit()
 	}
