@@ -29,7 +29,7 @@ func loadRLS(rc conf.RLS) (*rls.Config, rls.Settings, error) {
 	if err != nil {
 		return nil, rls.Settings{}, fmt.Errorf("proxy.rls_config: %w", err)
 	}
-	return rules, rls.Settings{Mode: mode, Headers: rc.ResponseHeaders, Shadow: rc.ShadowMode}, nil
+	return rules, rls.Settings{Mode: mode, Headers: rc.ResponseHeaders, Shadow: rc.ShadowMode, NearLimit: rc.NearLimitRatio}, nil
 }
 
 // rlsFront is the running Envoy rate-limit service and the rls_* keys it
@@ -81,7 +81,8 @@ func (f *rlsFront) watch(ctx context.Context, log *slog.Logger) {
 
 // reload applies the rls_* keys of a reloaded TOML file: rls_config (read
 // again, and watched instead of the old path when it moved),
-// rls_on_redis_error, rls_response_headers and rls_shadow_mode, all
+// rls_on_redis_error, rls_response_headers, rls_shadow_mode and
+// rls_near_limit_ratio, all
 // together or, when the rules do not load, none. The listener, reflection
 // and the gRPC bounds are fixed when the server starts: a change of them
 // is logged as needing a restart, and the running values stay.
@@ -107,12 +108,13 @@ func (f *rlsFront) reload(ctx context.Context, next conf.RLS, log *slog.Logger) 
 		f.stopWatch = nil
 	}
 	f.svc.Apply(rules, set)
-	f.rc.Config, f.rc.OnRedisError, f.rc.ResponseHeaders, f.rc.ShadowMode = next.Config, next.OnRedisError, next.ResponseHeaders, next.ShadowMode
+	f.rc.Config, f.rc.OnRedisError, f.rc.ResponseHeaders, f.rc.ShadowMode, f.rc.NearLimitRatio =
+		next.Config, next.OnRedisError, next.ResponseHeaders, next.ShadowMode, next.NearLimitRatio
 	if moved {
 		f.watch(ctx, log)
 	}
 	log.Info("rls config reloaded", "path", next.Config, "domains", rules.Domains(), "on_redis_error", set.Mode.String(),
-		"response_headers", set.Headers, "shadow_mode", set.Shadow)
+		"response_headers", set.Headers, "shadow_mode", set.Shadow, "near_limit_ratio", set.NearLimit)
 }
 
 // restartOnly names the start-only rls_* keys that differ between the

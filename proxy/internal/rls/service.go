@@ -68,6 +68,9 @@ type Settings struct {
 	Mode    Mode // rls_on_redis_error
 	Headers bool // rls_response_headers: IETF RateLimit headers in response_headers_to_add
 	Shadow  bool // rls_shadow_mode: answer OK, count what would be refused
+	// NearLimit is rls_near_limit_ratio: admitted hits past this share of
+	// a limit are counted as near the limit.
+	NearLimit float64
 }
 
 // Service implements RateLimitService. Safe for concurrent use.
@@ -307,12 +310,12 @@ func (s *Service) decide(req *pb.RateLimitRequest, st *Settings) (*pb.RateLimitR
 	// Enforced windows first, group by group until one refuses; then,
 	// for an admitted request, the shadow ones (advisory: they count only
 	// admitted requests, as the HTTP edge's shadow rules).
-	over, err := s.pass(items, false, st.Mode)
+	over, err := s.pass(items, false, st)
 	if err != nil {
 		return nil, "unavailable", status.Error(codes.Unavailable, err.Error())
 	}
 	if !over {
-		if _, err := s.pass(items, true, st.Mode); err != nil {
+		if _, err := s.pass(items, true, st); err != nil {
 			s.o.Log.Debug("rls shadow windows not decided", "err", err)
 		}
 	}
@@ -352,7 +355,7 @@ func (s *Service) outcome(it *item, o string) {
 // repeating a key, one after another (the store takes one weight per
 // decision). Enforced groups stop at the first refusal. over: an item
 // refused.
-func (s *Service) pass(items []item, shadow bool, mode Mode) (over bool, err error) {
+func (s *Service) pass(items []item, shadow bool, st *Settings) (over bool, err error) {
 	var group []*item
 	for {
 		group = group[:0]
@@ -373,7 +376,7 @@ func (s *Service) pass(items []item, shadow bool, mode Mode) (over bool, err err
 		if len(group) == 0 {
 			return over, nil
 		}
-		refused, err := s.group(group, weight, mode)
+		refused, err := s.group(group, weight, st)
 		if err != nil {
 			return over, err
 		}
@@ -396,7 +399,7 @@ func hasKey(g []*item, key []byte) bool {
 }
 
 // group decides one group of items of one weight at one moment.
-func (s *Service) group(g []*item, weight int, mode Mode) (refused bool, err error) {
+func (s *Service) group(g []*item, weight int, st *Settings) (refused bool, err error) {
 	m, neg := mono(), s.denied.Load()
 	// Known full (or a limit of 0): refused without asking the store.
 	var cached bool
@@ -432,7 +435,7 @@ func (s *Service) group(g []*item, weight int, mode Mode) (refused bool, err err
 	case errors.Is(err, limiter.ErrShed):
 		return false, fmt.Errorf("rate-limit decision shed (overloaded): %w", err)
 	case err != nil:
-		return s.fallback(g, wants, weight, err, mode)
+		return s.fallback(g, wants, weight, err, st.Mode)
 	}
 	for k, it := range g {
 		got := gots[k]
@@ -449,11 +452,26 @@ func (s *Service) group(g []*item, weight int, mode Mode) (refused bool, err err
 		if got.Full {
 			s.refuse(it, got.Reset)
 		}
-		if ok && s.o.Trace != nil {
-			s.o.Trace(string(it.key), weight, got.At)
+		if ok {
+			s.nearLimit(it, got.Remaining, weight, st.NearLimit)
+			if s.o.Trace != nil {
+				s.o.Trace(string(it.key), weight, got.At)
+			}
 		}
 	}
 	return !ok, nil
+}
+
+// nearLimit counts the hits of an admitted decision that took its window
+// past ratio × its limit, as the reference server's near_limit: with a
+// limit of 10 and 0.8, the 9th and 10th hits count. remaining is the
+// window's room after the hits.
+func (s *Service) nearLimit(it *item, remaining, weight int, ratio float64) {
+	used := it.lim.Requests - remaining
+	near := int(math.Floor(float64(it.lim.Requests) * ratio))
+	if used > near {
+		s.m.nearLimit.WithLabelValues(it.domain, it.label).Add(float64(min(used-near, weight)))
+	}
 }
 
 // refuse marks it over the limit for reset.

@@ -360,6 +360,36 @@ descriptors:
 	}
 }
 
+// Near the limit: admitted hits past rls_near_limit_ratio of a limit are
+// counted as the reference server's near_limit counts them (the 9th and
+// 10th of 10 at 0.8; with hits_addend, only the hits past the share);
+// refused calls count none; a reload of the settings changes the ratio.
+func TestNearLimitHits(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, mustParse(t, `
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`), limiter.NewMemory(), "p:", func(o *Options) { o.NearLimit = 0.8 })
+	near := func() float64 { return value(r.svc.m.nearLimit.WithLabelValues("d", "d.a")) }
+	for range 12 {
+		r.call(t, req("d", d("a", "x")))
+	}
+	if n := near(); n != 2 {
+		t.Fatalf("12 calls on 10 at 0.8: %v near-limit hits, want 2", n)
+	}
+	r.svc.SetSettings(Settings{NearLimit: 0.5})
+	rq := req("d", d("a", "y"))
+	rq.HitsAddend = 3
+	for range 4 { // used 3, 6 (1 past 5), 9 (3 past), then refused
+		r.call(t, rq)
+	}
+	if n := near(); n != 2+4 {
+		t.Fatalf("hits_addend 3 on 10 at 0.5: %v near-limit hits in all, want 6", n)
+	}
+}
+
 // Envoy's per-route limit override replaces the file's limit; the IETF
 // headers name each enforced window.
 func TestOverrideAndHeaders(t *testing.T) {
