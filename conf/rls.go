@@ -22,6 +22,10 @@ type RLS struct {
 	// ShadowMode answers OK whatever the limits say (counting what they
 	// would have refused), as envoyproxy/ratelimit's SHADOW_MODE.
 	ShadowMode bool `toml:"rls_shadow_mode"`
+	// NearLimitRatio: an admitted hit that takes a window past this share
+	// of its limit counts in seckill_proxy_rls_near_limit_hits_total (the
+	// reference server's NEAR_LIMIT_RATIO and near_limit statistic).
+	NearLimitRatio float64 `toml:"rls_near_limit_ratio"`
 	// Reflection registers the gRPC reflection service (off: it describes
 	// the server to anyone who can reach the port).
 	Reflection bool `toml:"rls_reflection"`
@@ -35,7 +39,7 @@ type RLS struct {
 const RLSOnRedisErrorEnvoy = "envoy"
 
 func defaultRLS() RLS {
-	return RLS{OnRedisError: "local", MaxStreams: 1024, MaxMessageBytes: 64 << 10}
+	return RLS{OnRedisError: "local", NearLimitRatio: 0.8, MaxStreams: 1024, MaxMessageBytes: 64 << 10}
 }
 
 func (r *RLS) validate(p *problems, proxy *Proxy) {
@@ -53,6 +57,9 @@ func (r *RLS) validate(p *problems, proxy *Proxy) {
 	case "local", "open", "closed", RLSOnRedisErrorEnvoy:
 	default:
 		p.add("proxy.rls_on_redis_error", `must be "local", "open", "closed" or "envoy", got %q`, r.OnRedisError)
+	}
+	if !(r.NearLimitRatio >= 0 && r.NearLimitRatio <= 1) { // NaN fails both
+		p.add("proxy.rls_near_limit_ratio", "must be between 0 and 1, got %v", r.NearLimitRatio)
 	}
 	checkRange(p, "proxy.rls_max_concurrent_streams", r.MaxStreams, 1, 1<<20)
 	checkRange(p, "proxy.rls_max_message_bytes", r.MaxMessageBytes, 1024, 16<<20)

@@ -22,7 +22,6 @@ import (
 	"github.com/seckill/seckill/internal/shutdown"
 	"github.com/seckill/seckill/lua"
 	"github.com/seckill/seckill/proxy/internal/edge"
-	"github.com/seckill/seckill/proxy/internal/rls"
 )
 
 func main() {
@@ -37,6 +36,10 @@ func main() {
 func run(ctx context.Context, args []string, env func(string) string, stdout, logOut io.Writer) error {
 	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
 	flags := cli.AddFlags(fs, "proxy", true)
+	flags.Validate = func(c conf.Config) error {
+		_, _, err := loadRLS(c.Proxy.RLS)
+		return err
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -86,7 +89,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 		ln.Close()
 		return fmt.Errorf("listen %s: %w", cfg.Proxy.AdminListen, err)
 	}
-	rsvc, rsrv, rln, err := startRLS(cfg, p, log)
+	front, err := startRLS(cfg, p, log)
 	if err != nil {
 		ln.Close()
 		aln.Close()
@@ -105,15 +108,12 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(p.Listener(ln)) }()
 	go func() { errc <- admin.Serve(aln) }()
-	if rsrv != nil {
-		wg.Go(func() { rsvc.Run(bg) })
-		if err := rls.Watch(bg, rsvc, cfg.Proxy.RLS.Config, log); err != nil {
-			// SIGHUP still reloads.
-			log.Warn("rls config not watched", "path", cfg.Proxy.RLS.Config, "err", err)
-		}
-		go func() { errc <- rsrv.Serve(rln) }()
-		log.Info("envoy rate-limit service serving", "listen", rln.Addr().String(), "config", cfg.Proxy.RLS.Config,
-			"domains", rsvc.Config().Domains())
+	if front != nil {
+		wg.Go(func() { front.svc.Run(bg) })
+		front.watch(bg, log)
+		go func() { errc <- front.srv.Serve(front.ln) }()
+		log.Info("envoy rate-limit service serving", "listen", front.ln.Addr().String(), "config", front.rc.Config,
+			"domains", front.svc.Config().Domains())
 	}
 	log.Info("proxy serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(),
 		"upstreams", cfg.Proxy.Upstreams, "rules", len(cfg.Proxy.Rules))
@@ -128,13 +128,13 @@ loop:
 			serveErr = fmt.Errorf("serve: %w", err)
 			break loop
 		case <-hup:
-			reload(*path, env, p, log)
-			if rsvc != nil {
-				if err := rsvc.Reload(cfg.Proxy.RLS.Config); err != nil {
-					log.Error("rls config reload rejected, running config kept", "path", cfg.Proxy.RLS.Config, "err", err)
-				} else {
-					log.Info("rls config reloaded", "path", cfg.Proxy.RLS.Config, "domains", rsvc.Config().Domains())
-				}
+			next, ok := reload(*path, env, p, log)
+			switch {
+			case !ok:
+			case front != nil:
+				front.reload(bg, next.Proxy.RLS, log)
+			case next.Proxy.RLS.Listen != "":
+				log.Warn("rls_listen set on reload: turning the Envoy rate-limit service on needs a restart; it stays off")
 			}
 		}
 	}
@@ -144,8 +144,8 @@ loop:
 	log.Info("proxy draining", "grace", cfg.Proxy.ShutdownGrace.Duration)
 	sctx, scancel := context.WithTimeout(context.Background(), cfg.Proxy.ShutdownGrace.Duration)
 	defer scancel()
-	if rsrv != nil {
-		rsrv.Stop(sctx)
+	if front != nil {
+		front.srv.Stop(sctx)
 	}
 	if err := srv.ShutdownWithContext(sctx); err != nil && serveErr == nil {
 		serveErr = fmt.Errorf("drain: %w", err)
@@ -159,44 +159,20 @@ loop:
 	return serveErr
 }
 
-func reload(path string, env func(string) string, p *edge.Proxy, log *slog.Logger) {
+// reload reloads the HTTP edge from the file; ok: the file loaded, and
+// cfg is what the Envoy service reloads from (it applies its own part, or
+// not, on its own: a front end's bad rules do not hold the other's back).
+// A file that does not load changes nothing.
+func reload(path string, env func(string) string, p *edge.Proxy, log *slog.Logger) (cfg conf.Config, ok bool) {
 	cfg, err := conf.Load(path, env)
-	if err == nil {
-		err = p.Reload(cfg.Proxy)
-	}
 	if err != nil {
 		log.Error("reload rejected, running rules kept", "path", path, "err", err)
-		return
+		return cfg, false
+	}
+	if err := p.Reload(cfg.Proxy); err != nil {
+		log.Error("reload rejected, running rules kept", "path", path, "err", err)
+		return cfg, true
 	}
 	log.Info("rules, deny list and identity reloaded", "path", path, "rules", len(cfg.Proxy.Rules))
-}
-
-// startRLS builds the Envoy rate-limit service when [proxy] rls_listen is
-// set: its windows in the HTTP edge's store (one batch queue, breaker and
-// heartbeat for both), its metrics on the admin /metrics. The rls_* keys
-// are read at start; a reload changes only the YAML rules.
-func startRLS(cfg conf.Config, p *edge.Proxy, log *slog.Logger) (*rls.Service, *rls.Server, net.Listener, error) {
-	rc := cfg.Proxy.RLS
-	if rc.Listen == "" {
-		return nil, nil, nil, nil
-	}
-	rules, err := rls.Load(rc.Config)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	mode, err := rls.ParseMode(rc.OnRedisError)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	lim := p.Handler.Limiter
-	svc := rls.New(rules, rls.Options{Store: lim.SharedStore(), Live: lim.Live, Decided: lim.CountDecision,
-		KeyPrefix: cfg.Redis.KeyPrefix, Mode: mode, Headers: rc.ResponseHeaders, Shadow: rc.ShadowMode,
-		MaxCached: cfg.Proxy.MaxClientStates, Metrics: rls.NewMetrics(p.Handler.Registry), Log: log})
-	ln, err := net.Listen("tcp", rc.Listen)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("listen %s: %w", rc.Listen, err)
-	}
-	srv := rls.NewServer(svc, rls.ServerOptions{MaxStreams: uint32(rc.MaxStreams), MaxMessageBytes: rc.MaxMessageBytes,
-		Reflection: rc.Reflection})
-	return svc, srv, ln, nil
+	return cfg, true
 }

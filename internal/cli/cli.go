@@ -24,7 +24,12 @@ type Flags struct {
 	Check       bool
 	Version     bool
 	Healthcheck bool
-	component   string
+	// Validate, when set, checks what the binary builds from a loaded
+	// configuration beyond conf's own rules (the proxy: the Envoy service's
+	// YAML rules), the same way the binary does at start, so that -check
+	// refuses every file the binary would refuse to start with.
+	Validate  func(conf.Config) error
+	component string
 }
 
 // AddFlags registers the shared flags on fs. healthcheck is false for a
@@ -52,7 +57,11 @@ func (f *Flags) Early(stdout io.Writer, env func(string) string, health func(con
 		fmt.Fprintf(stdout, "%s %s (%s)\n", f.component, version.Get(), version.GoVersion())
 		return true, nil
 	case f.Check:
-		if _, err := conf.Load(f.Config, env); err != nil {
+		cfg, err := conf.Load(f.Config, env)
+		if err == nil && f.Validate != nil {
+			err = f.Validate(cfg)
+		}
+		if err != nil {
 			fmt.Fprintln(stdout, err)
 			return true, ErrCheckFailed
 		}

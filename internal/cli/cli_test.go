@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -45,5 +46,46 @@ func TestExitCode(t *testing.T) {
 	Report(&buf, "proxy", errors.New("listen: taken"))
 	if buf.String() != "proxy: listen: taken\n" {
 		t.Errorf("got %q", buf.String())
+	}
+}
+
+// -check runs the binary's own Validate after conf's rules: its error is
+// printed and fails the check; it is not run for a file conf refuses.
+func TestCheckRunsValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := dir + "/good.toml"
+	if err := os.WriteFile(good, []byte("[log]\nlevel = \"info\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := dir + "/bad.toml"
+	if err := os.WriteFile(bad, []byte("[log]\nlevl = \"info\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noEnv := func(string) string { return "" }
+	calls := 0
+	check := func(path string, verr error) (string, error) {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		f := AddFlags(fs, "x", false)
+		if err := fs.Parse([]string{"-check", "-config", path}); err != nil {
+			t.Fatal(err)
+		}
+		f.Validate = func(conf.Config) error { calls++; return verr }
+		var out bytes.Buffer
+		done, err := f.Early(&out, noEnv, nil)
+		if !done {
+			t.Fatal("-check did not end the run")
+		}
+		return out.String(), err
+	}
+	if out, err := check(good, errors.New("proxy.rls_config: rls config r.yaml: domain \"d\": descriptor d.a: bad")); !errors.Is(err, ErrCheckFailed) ||
+		!strings.Contains(out, "descriptor d.a: bad") {
+		t.Errorf("Validate's error: %v, printed %q", err, out)
+	}
+	if out, err := check(good, nil); err != nil || !strings.Contains(out, "configuration ok") {
+		t.Errorf("valid: %v, printed %q", err, out)
+	}
+	calls = 0
+	if _, err := check(bad, nil); !errors.Is(err, ErrCheckFailed) || calls != 0 {
+		t.Errorf("conf's refusal: %v, Validate ran %d times", err, calls)
 	}
 }

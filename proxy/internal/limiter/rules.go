@@ -22,19 +22,52 @@ const (
 	ModeOpen
 	// ModeClosed refuses (503).
 	ModeClosed
+	// ModeEnvoy is the Envoy rate-limit service's alone
+	// (rls_on_redis_error = "envoy"): the call fails UNAVAILABLE and Envoy's
+	// failure_mode_deny decides. An HTTP rule has no caller to hand the
+	// decision to, so ParseMode refuses it.
+	ModeEnvoy
 )
 
-// ParseMode parses an on_redis_error value; "" is ModeLocal.
-func ParseMode(s string) (Mode, error) {
-	switch s {
-	case "", "local":
-		return ModeLocal, nil
-	case "open":
-		return ModeOpen, nil
-	case "closed":
-		return ModeClosed, nil
+var modeNames = [...]string{"local", "open", "closed", "envoy"}
+
+// String is the mode's configuration value.
+func (m Mode) String() string {
+	if int(m) < len(modeNames) {
+		return modeNames[m]
 	}
-	return 0, fmt.Errorf("on_redis_error %q: want local, open or closed", s)
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// ParseMode parses an HTTP rule's on_redis_error value; "" is ModeLocal.
+func ParseMode(s string) (Mode, error) { return parseMode("on_redis_error", s, ModeClosed) }
+
+// ParseRLSMode parses [proxy] rls_on_redis_error, which also takes
+// "envoy"; "" is ModeLocal.
+func ParseRLSMode(s string) (Mode, error) { return parseMode("rls_on_redis_error", s, ModeEnvoy) }
+
+// parseMode is the one parser of both keys: the modes up to last are
+// allowed, and the error names the key and exactly those.
+func parseMode(key, s string, last Mode) (Mode, error) {
+	if s == "" {
+		return ModeLocal, nil
+	}
+	for m := ModeLocal; m <= last; m++ {
+		if modeNames[m] == s {
+			return m, nil
+		}
+	}
+	want := ""
+	for m := ModeLocal; m <= last; m++ {
+		switch {
+		case m == last:
+			want += " or "
+		case m > ModeLocal:
+			want += ", "
+		}
+		want += modeNames[m]
+	}
+	return 0, fmt.Errorf("%s %q: want %s", key, s, want)
 }
 
 // Kind tells a per-client window from a global one.

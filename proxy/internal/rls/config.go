@@ -86,6 +86,9 @@ type yamlRateLimit struct {
 type Config struct {
 	domains map[string]*node
 	files   []string
+	// origin is the file each domain came from (a duplicate's error names
+	// both); "" for Parse.
+	origin map[string]string
 }
 
 // Domains is the number of domains loaded.
@@ -156,13 +159,13 @@ func Load(path string) (*Config, error) {
 		}
 		sort.Strings(files)
 	}
-	c := &Config{domains: map[string]*node{}, files: files}
+	c := &Config{domains: map[string]*node{}, files: files, origin: map[string]string{}}
 	for _, f := range files {
 		b, err := readFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("rls config: %w", err)
 		}
-		if err := c.add(b); err != nil {
+		if err := c.add(b, f); err != nil {
 			return nil, fmt.Errorf("rls config %s: %w", f, err)
 		}
 	}
@@ -192,15 +195,15 @@ func readFile(name string) ([]byte, error) {
 
 // Parse compiles one YAML document (one domain).
 func Parse(doc []byte) (*Config, error) {
-	c := &Config{domains: map[string]*node{}}
-	if err := c.add(doc); err != nil {
+	c := &Config{domains: map[string]*node{}, origin: map[string]string{}}
+	if err := c.add(doc, ""); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// add compiles one file's domain into c.
-func (c *Config) add(doc []byte) error {
+// add compiles one file's domain into c; file names it in errors.
+func (c *Config) add(doc []byte, file string) error {
 	var root yamlRoot
 	if err := yaml.UnmarshalStrict(doc, &root); err != nil {
 		return fmt.Errorf("yaml: %w", err)
@@ -215,13 +218,17 @@ func (c *Config) add(doc []byte) error {
 		// The domain is part of the windows' Redis keys and their hash tag.
 		return fmt.Errorf("domain %q: braces and control characters are not allowed", d)
 	case c.domains[d] != nil:
-		return fmt.Errorf("domain %q: duplicate (another file has it)", d)
+		// As the reference server without MERGE_DOMAIN_CONFIG: a domain's
+		// rules sit in one file, so no file's limits silently join or
+		// shadow another's.
+		return fmt.Errorf("domain %q: duplicate: already loaded from %s; a domain's descriptors must sit in one file", d, c.origin[d])
 	}
 	top := &node{children: map[string]*node{}}
 	if err := top.load(d, d, root.Descriptors, 1); err != nil {
 		return fmt.Errorf("domain %q: %w", d, err)
 	}
 	c.domains[d] = top
+	c.origin[d] = file
 	return nil
 }
 

@@ -1,11 +1,15 @@
 package rls
 
 import (
+	"encoding/json"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
+	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3" // @type in the snippets
@@ -188,5 +192,118 @@ func TestDocsIstioEnvoyFilterValidates(t *testing.T) {
 		default:
 			t.Fatalf("patch %d applies to %v", i, p.ApplyTo)
 		}
+	}
+}
+
+// The Envoy Gateway resources of docs/envoy.md decode into Envoy Gateway's
+// own types with no unknown field, use only the values its CRD allows for
+// the fields it restricts to a set, and each patch's value decodes into
+// the Envoy type its path leads to and validates; the filter calls the
+// cluster the policy adds, with the domain the rules load. Not checked:
+// the API server's CEL rules, and that the paths exist in the xDS Envoy
+// Gateway generates (docs/envoy.md says so).
+func TestDocsEnvoyGatewayValidates(t *testing.T) {
+	var eg egv1a1.EnvoyGateway
+	if err := yaml.UnmarshalStrict(block(t, "# envoy-gateway: EnvoyGateway"), &eg); err != nil {
+		t.Fatalf("EnvoyGateway: %v", err)
+	}
+	if eg.Kind != "EnvoyGateway" || eg.APIVersion != egv1a1.GroupVersion.String() {
+		t.Fatalf("EnvoyGateway: kind %q apiVersion %q", eg.Kind, eg.APIVersion)
+	}
+	if eg.ExtensionAPIs == nil || !eg.ExtensionAPIs.EnableEnvoyPatchPolicy {
+		t.Fatal("EnvoyGateway does not turn EnvoyPatchPolicy on")
+	}
+
+	var epp egv1a1.EnvoyPatchPolicy
+	if err := yaml.UnmarshalStrict(block(t, "# envoy-gateway: EnvoyPatchPolicy"), &epp); err != nil {
+		t.Fatalf("EnvoyPatchPolicy: %v", err)
+	}
+	if epp.Kind != egv1a1.KindEnvoyPatchPolicy || epp.APIVersion != egv1a1.GroupVersion.String() {
+		t.Fatalf("EnvoyPatchPolicy: kind %q apiVersion %q", epp.Kind, epp.APIVersion)
+	}
+	spec := epp.Spec
+	// The CRD's enums (kubebuilder:validation:Enum), from the module.
+	if spec.Type != egv1a1.JSONPatchEnvoyPatchType {
+		t.Fatalf("type %q", spec.Type)
+	}
+	if spec.TargetRef.Kind != "Gateway" || spec.TargetRef.Group != "gateway.networking.k8s.io" {
+		t.Fatalf("targetRef %+v: want a Gateway", spec.TargetRef)
+	}
+	// Envoy Gateway's default listener name: <namespace>/<gateway>/<listener>.
+	gw := epp.Namespace + "/" + string(spec.TargetRef.Name) + "/"
+	types := []egv1a1.EnvoyResourceType{egv1a1.ListenerEnvoyResourceType, egv1a1.RouteConfigurationEnvoyResourceType,
+		egv1a1.ClusterEnvoyResourceType, egv1a1.ClusterLoadAssignmentEnvoyResourceType, egv1a1.SecretEnvoyResourceType}
+	ops := []egv1a1.JSONPatchOperationType{"add", "remove", "replace", "move", "copy", "test"}
+	var filter *ratelimitv3.RateLimit
+	var cluster *clusterv3.Cluster
+	actions := 0
+	for i, p := range spec.JSONPatches {
+		if !slices.Contains(types, p.Type) || !slices.Contains(ops, p.Operation.Op) {
+			t.Fatalf("patch %d: type %q op %q: not in the CRD's enums", i, p.Type, p.Operation.Op)
+		}
+		if p.Operation.Path == nil || p.Operation.Value == nil {
+			t.Fatalf("patch %d: no path or value", i)
+		}
+		raw, path := p.Operation.Value.Raw, *p.Operation.Path
+		switch p.Type {
+		case egv1a1.ListenerEnvoyResourceType:
+			if !strings.HasPrefix(p.Name, gw) || !strings.HasPrefix(path, "/default_filter_chain/filters/0/typed_config/http_filters/") {
+				t.Fatalf("patch %d: listener %q path %q", i, p.Name, path)
+			}
+			var f hcmv3.HttpFilter
+			if err := protojson.Unmarshal(raw, &f); err != nil {
+				t.Fatalf("patch %d: %v", i, err)
+			}
+			if n := validate(t, &f, "listener patch"); n != 1 || f.Name != "envoy.filters.http.ratelimit" {
+				t.Fatalf("patch %d: %s with %d typed configs", i, f.Name, n)
+			}
+			filter = &ratelimitv3.RateLimit{}
+			if err := f.GetTypedConfig().UnmarshalTo(filter); err != nil {
+				t.Fatal(err)
+			}
+		case egv1a1.RouteConfigurationEnvoyResourceType:
+			if !strings.HasPrefix(p.Name, gw) || path != "/virtual_hosts/0/rate_limits" {
+				t.Fatalf("patch %d: route configuration %q path %q", i, p.Name, path)
+			}
+			var list []json.RawMessage
+			if err := json.Unmarshal(raw, &list); err != nil {
+				t.Fatalf("patch %d: rate_limits is not a list: %v", i, err)
+			}
+			for _, item := range list {
+				var rl routev3.RateLimit
+				if err := protojson.Unmarshal(item, &rl); err != nil {
+					t.Fatalf("patch %d: %v", i, err)
+				}
+				validate(t, &rl, "rate_limits")
+				actions++
+			}
+		case egv1a1.ClusterEnvoyResourceType:
+			// An add with an empty path is a whole new resource.
+			if p.Operation.Op != "add" || path != "" {
+				t.Fatalf("patch %d: cluster %s %q, want add at \"\"", i, p.Operation.Op, path)
+			}
+			cluster = &clusterv3.Cluster{}
+			if err := protojson.Unmarshal(raw, cluster); err != nil {
+				t.Fatalf("patch %d: %v", i, err)
+			}
+			if n := validate(t, cluster, "cluster"); n != 1 || cluster.Name != p.Name {
+				t.Fatalf("patch %d: cluster %q (patch names %q) with %d typed configs", i, cluster.Name, p.Name, n)
+			}
+		default:
+			t.Fatalf("patch %d: %s not expected", i, p.Type)
+		}
+	}
+	if filter == nil || cluster == nil || actions == 0 {
+		t.Fatalf("filter %v, cluster %v, %d rate_limits: want all three", filter != nil, cluster != nil, actions)
+	}
+	if got := filter.RateLimitService.GrpcService.GetEnvoyGrpc().GetClusterName(); got != cluster.Name {
+		t.Fatalf("the filter calls cluster %q, the policy adds %q", got, cluster.Name)
+	}
+	rules, err := Parse(block(t, "# rls: rules"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rules.domains[filter.Domain] == nil {
+		t.Fatalf("the rules have no domain %q", filter.Domain)
 	}
 }

@@ -14,6 +14,7 @@ type Metrics struct {
 	descriptors *prometheus.CounterVec // domain, descriptor, outcome
 	unmatched   *prometheus.CounterVec // kind: domain|descriptor
 	fallbacks   *prometheus.CounterVec // mode: local|open|closed|envoy
+	nearLimit   *prometheus.CounterVec // domain, descriptor
 	cached      prometheus.Counter
 
 	unmatchedDomain, unmatchedDescriptor prometheus.Counter
@@ -36,6 +37,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Descriptors with a limit, by the limit's path in the file (request values with detailed_metric) and outcome: within, over, shadow_over, unlimited, replaced, degraded.", "domain", "descriptor", "outcome"),
 		unmatched: vec("seckill_proxy_rls_unmatched_total",
 			"Answered OK with no limit: an unknown domain (per call) or a descriptor no limit matches.", "kind"),
+		nearLimit: vec("seckill_proxy_rls_near_limit_hits_total",
+			"Admitted hits that took a window past rls_near_limit_ratio of its limit (the reference server's near_limit), by the limit's path as in seckill_proxy_rls_descriptors_total.", "domain", "descriptor"),
 		fallbacks: vec("seckill_proxy_rls_fallbacks_total",
 			"Descriptor groups decided by rls_on_redis_error because the store failed.", "mode"),
 		cached: prometheus.NewCounter(prometheus.CounterOpts{Name: "seckill_proxy_rls_cached_over_total",

@@ -84,14 +84,17 @@ func (s *Server) Stop(ctx context.Context) {
 // Watch reloads svc from path when the files change, as the reference
 // server watches its directory, until ctx ends. It watches the directory
 // (or a file's directory, for editors and ConfigMaps that replace a file by
-// renaming another over it) and waits for the writes to settle.
-func Watch(ctx context.Context, svc *Service, path string, log *slog.Logger) error {
+// renaming another over it) and waits for the writes to settle. stop ends
+// the watch and returns once it can reload no more: a SIGHUP that moves
+// rls_config elsewhere stops the old watch first, so a late change of the
+// old files cannot bring them back.
+func Watch(ctx context.Context, svc *Service, path string, log *slog.Logger) (stop func(), err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	dir := path
 	if c := svc.Config(); c != nil && len(c.files) == 1 && c.files[0] == path {
@@ -99,9 +102,12 @@ func Watch(ctx context.Context, svc *Service, path string, log *slog.Logger) err
 	}
 	if err := w.Add(dir); err != nil {
 		w.Close()
-		return err
+		return nil, err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		defer w.Close()
 		const settle = 200 * time.Millisecond
 		t := time.NewTimer(time.Hour)
@@ -132,5 +138,5 @@ func Watch(ctx context.Context, svc *Service, path string, log *slog.Logger) err
 			}
 		}
 	}()
-	return nil
+	return func() { cancel(); <-done }, nil
 }

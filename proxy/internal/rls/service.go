@@ -29,33 +29,17 @@ const (
 )
 
 // Mode is what a window does while the store cannot decide
-// ([proxy] rls_on_redis_error).
-type Mode uint8
+// ([proxy] rls_on_redis_error, parsed by limiter.ParseRLSMode): the HTTP
+// rules' modes, and limiter.ModeEnvoy.
+type Mode = limiter.Mode
 
-// Modes.
+// Modes, named here for the service's callers.
 const (
-	ModeLocal  Mode = iota // limit in this process at limit / live instances
-	ModeOpen               // admit
-	ModeClosed             // refuse (OVER_LIMIT)
-	ModeEnvoy              // answer UNAVAILABLE: Envoy's failure_mode_deny decides
+	ModeLocal  = limiter.ModeLocal  // limit in this process at limit / live instances
+	ModeOpen   = limiter.ModeOpen   // admit
+	ModeClosed = limiter.ModeClosed // refuse (OVER_LIMIT)
+	ModeEnvoy  = limiter.ModeEnvoy  // answer UNAVAILABLE: Envoy's failure_mode_deny decides
 )
-
-// ParseMode parses rls_on_redis_error; "" is ModeLocal.
-func ParseMode(s string) (Mode, error) {
-	switch s {
-	case "", "local":
-		return ModeLocal, nil
-	case "open":
-		return ModeOpen, nil
-	case "closed":
-		return ModeClosed, nil
-	case "envoy":
-		return ModeEnvoy, nil
-	}
-	return 0, fmt.Errorf("rls_on_redis_error %q: want local, open, closed or envoy", s)
-}
-
-var modeNames = [...]string{"local", "open", "closed", "envoy"}
 
 // Options of a Service.
 type Options struct {
@@ -67,9 +51,8 @@ type Options struct {
 	// Decided counts a decision that used the store (limiter.CountDecision).
 	Decided   func()
 	KeyPrefix string // [redis] key_prefix
-	Mode      Mode
-	Headers   bool // IETF RateLimit headers in response_headers_to_add
-	Shadow    bool // rls_shadow_mode: answer OK, count what would be refused
+	// Settings at start; SetSettings and Reload change them.
+	Settings
 	// MaxCached bounds the negative cache (0: no bound).
 	MaxCached int
 	Metrics   *Metrics
@@ -79,11 +62,24 @@ type Options struct {
 	Trace func(key string, weight int, micros int64)
 }
 
+// Settings are the rls_* keys a SIGHUP changes without a restart (the
+// listener, reflection and the gRPC bounds need one: docs/envoy.md).
+type Settings struct {
+	Mode    Mode // rls_on_redis_error
+	Headers bool // rls_response_headers: IETF RateLimit headers in response_headers_to_add
+	Shadow  bool // rls_shadow_mode: answer OK, count what would be refused
+	// NearLimit is rls_near_limit_ratio: admitted hits past this share of
+	// a limit are counted as near the limit.
+	NearLimit float64
+}
+
 // Service implements RateLimitService. Safe for concurrent use.
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
-	o     Options
-	cfg   atomic.Pointer[Config]
+	o   Options
+	cfg atomic.Pointer[Config]
+	// set is read once per call, so one call sees one set of settings.
+	set   atomic.Pointer[Settings]
 	local *limiter.Memory
 	// denied is the negative cache of the running configuration: a reload
 	// starts an empty one (a raised limit frees the windows known full).
@@ -107,8 +103,15 @@ func New(cfg *Config, o Options) *Service {
 	}
 	s := &Service{o: o, local: limiter.NewMemory(), m: o.Metrics}
 	s.SetConfig(cfg)
+	s.SetSettings(o.Settings)
 	return s
 }
+
+// SetSettings swaps the running settings.
+func (s *Service) SetSettings(st Settings) { s.set.Store(&st) }
+
+// Settings are the running settings.
+func (s *Service) Settings() Settings { return *s.set.Load() }
 
 // SetConfig swaps the running configuration.
 func (s *Service) SetConfig(c *Config) {
@@ -120,11 +123,24 @@ func (s *Service) SetConfig(c *Config) {
 // Config is the running configuration.
 func (s *Service) Config() *Config { return s.cfg.Load() }
 
-// Reload loads path and runs it; an invalid one keeps the running one.
+// Apply runs c with st, counted as a reload; the caller loaded c (a
+// SIGHUP, which validates the rls_* keys and the files together).
+func (s *Service) Apply(c *Config, st Settings) {
+	s.m.reloads.WithLabelValues("ok").Inc()
+	s.SetSettings(st)
+	s.SetConfig(c)
+}
+
+// CountReloadError counts a reload the caller refused: the running
+// configuration and settings stay.
+func (s *Service) CountReloadError() { s.m.reloads.WithLabelValues("error").Inc() }
+
+// Reload loads path and runs it with the running settings (a change of
+// the files); an invalid one keeps the running one.
 func (s *Service) Reload(path string) error {
 	c, err := Load(path)
 	if err != nil {
-		s.m.reloads.WithLabelValues("error").Inc()
+		s.CountReloadError()
 		return err
 	}
 	s.m.reloads.WithLabelValues("ok").Inc()
@@ -166,7 +182,7 @@ type item struct {
 // ShouldRateLimit implements RateLimitService.
 func (s *Service) ShouldRateLimit(_ context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
 	t0 := time.Now()
-	resp, outcome, err := s.decide(req)
+	resp, outcome, err := s.decide(req, s.set.Load())
 	s.m.requests.WithLabelValues(outcome).Inc()
 	s.m.latency.Observe(time.Since(t0).Seconds())
 	return resp, err
@@ -228,7 +244,7 @@ func weightOf(req *pb.RateLimitRequest, d *rlc.RateLimitDescriptor) int {
 	return int(min(w, MaxLimit+1))
 }
 
-func (s *Service) decide(req *pb.RateLimitRequest) (*pb.RateLimitResponse, string, error) {
+func (s *Service) decide(req *pb.RateLimitRequest, st *Settings) (*pb.RateLimitResponse, string, error) {
 	if err := check(req); err != nil {
 		return nil, "invalid", status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -294,19 +310,19 @@ func (s *Service) decide(req *pb.RateLimitRequest) (*pb.RateLimitResponse, strin
 	// Enforced windows first, group by group until one refuses; then,
 	// for an admitted request, the shadow ones (advisory: they count only
 	// admitted requests, as the HTTP edge's shadow rules).
-	over, err := s.pass(items, false)
+	over, err := s.pass(items, false, st)
 	if err != nil {
 		return nil, "unavailable", status.Error(codes.Unavailable, err.Error())
 	}
 	if !over {
-		if _, err := s.pass(items, true); err != nil {
+		if _, err := s.pass(items, true, st); err != nil {
 			s.o.Log.Debug("rls shadow windows not decided", "err", err)
 		}
 	}
 	outcome := "ok"
 	if over {
 		resp.OverallCode, outcome = pb.RateLimitResponse_OVER_LIMIT, "over_limit"
-		if s.o.Shadow {
+		if st.Shadow {
 			resp.OverallCode, outcome = pb.RateLimitResponse_OK, "shadow"
 		}
 	}
@@ -324,7 +340,7 @@ func (s *Service) decide(req *pb.RateLimitRequest) (*pb.RateLimitResponse, strin
 			s.outcome(it, "within")
 		}
 	}
-	if s.o.Headers {
+	if st.Headers {
 		resp.ResponseHeadersToAdd = headers(items)
 	}
 	return resp, outcome, nil
@@ -339,7 +355,7 @@ func (s *Service) outcome(it *item, o string) {
 // repeating a key, one after another (the store takes one weight per
 // decision). Enforced groups stop at the first refusal. over: an item
 // refused.
-func (s *Service) pass(items []item, shadow bool) (over bool, err error) {
+func (s *Service) pass(items []item, shadow bool, st *Settings) (over bool, err error) {
 	var group []*item
 	for {
 		group = group[:0]
@@ -360,7 +376,7 @@ func (s *Service) pass(items []item, shadow bool) (over bool, err error) {
 		if len(group) == 0 {
 			return over, nil
 		}
-		refused, err := s.group(group, weight)
+		refused, err := s.group(group, weight, st)
 		if err != nil {
 			return over, err
 		}
@@ -383,7 +399,7 @@ func hasKey(g []*item, key []byte) bool {
 }
 
 // group decides one group of items of one weight at one moment.
-func (s *Service) group(g []*item, weight int) (refused bool, err error) {
+func (s *Service) group(g []*item, weight int, st *Settings) (refused bool, err error) {
 	m, neg := mono(), s.denied.Load()
 	// Known full (or a limit of 0): refused without asking the store.
 	var cached bool
@@ -419,7 +435,7 @@ func (s *Service) group(g []*item, weight int) (refused bool, err error) {
 	case errors.Is(err, limiter.ErrShed):
 		return false, fmt.Errorf("rate-limit decision shed (overloaded): %w", err)
 	case err != nil:
-		return s.fallback(g, wants, weight, err)
+		return s.fallback(g, wants, weight, err, st.Mode)
 	}
 	for k, it := range g {
 		got := gots[k]
@@ -436,11 +452,26 @@ func (s *Service) group(g []*item, weight int) (refused bool, err error) {
 		if got.Full {
 			s.refuse(it, got.Reset)
 		}
-		if ok && s.o.Trace != nil {
-			s.o.Trace(string(it.key), weight, got.At)
+		if ok {
+			s.nearLimit(it, got.Remaining, weight, st.NearLimit)
+			if s.o.Trace != nil {
+				s.o.Trace(string(it.key), weight, got.At)
+			}
 		}
 	}
 	return !ok, nil
+}
+
+// nearLimit counts the hits of an admitted decision that took its window
+// past ratio × its limit, as the reference server's near_limit: with a
+// limit of 10 and 0.8, the 9th and 10th hits count. remaining is the
+// window's room after the hits.
+func (s *Service) nearLimit(it *item, remaining, weight int, ratio float64) {
+	used := it.lim.Requests - remaining
+	near := int(math.Floor(float64(it.lim.Requests) * ratio))
+	if used > near {
+		s.m.nearLimit.WithLabelValues(it.domain, it.label).Add(float64(min(used-near, weight)))
+	}
 }
 
 // refuse marks it over the limit for reset.
@@ -454,13 +485,13 @@ func (s *Service) refuse(it *item, reset time.Duration) {
 }
 
 // fallback decides g without the store, as rls_on_redis_error says.
-func (s *Service) fallback(g []*item, wants []limiter.Want, weight int, err error) (bool, error) {
-	s.m.fallbacks.WithLabelValues(modeNames[s.o.Mode]).Inc()
-	s.o.Log.Debug("rls decision fell back to rls_on_redis_error", "mode", modeNames[s.o.Mode], "err", err)
+func (s *Service) fallback(g []*item, wants []limiter.Want, weight int, err error, mode Mode) (bool, error) {
+	s.m.fallbacks.WithLabelValues(mode.String()).Inc()
+	s.o.Log.Debug("rls decision fell back to rls_on_redis_error", "mode", mode.String(), "err", err)
 	for _, it := range g {
 		it.degraded = true
 	}
-	switch s.o.Mode {
+	switch mode {
 	case ModeEnvoy:
 		return false, fmt.Errorf("rate-limit store failed (Envoy's failure_mode_deny decides): %w", err)
 	case ModeOpen:

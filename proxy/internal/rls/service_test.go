@@ -360,6 +360,36 @@ descriptors:
 	}
 }
 
+// Near the limit: admitted hits past rls_near_limit_ratio of a limit are
+// counted as the reference server's near_limit counts them (the 9th and
+// 10th of 10 at 0.8; with hits_addend, only the hits past the share);
+// refused calls count none; a reload of the settings changes the ratio.
+func TestNearLimitHits(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, mustParse(t, `
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`), limiter.NewMemory(), "p:", func(o *Options) { o.NearLimit = 0.8 })
+	near := func() float64 { return value(r.svc.m.nearLimit.WithLabelValues("d", "d.a")) }
+	for range 12 {
+		r.call(t, req("d", d("a", "x")))
+	}
+	if n := near(); n != 2 {
+		t.Fatalf("12 calls on 10 at 0.8: %v near-limit hits, want 2", n)
+	}
+	r.svc.SetSettings(Settings{NearLimit: 0.5})
+	rq := req("d", d("a", "y"))
+	rq.HitsAddend = 3
+	for range 4 { // used 3, 6 (1 past 5), 9 (3 past), then refused
+		r.call(t, rq)
+	}
+	if n := near(); n != 2+4 {
+		t.Fatalf("hits_addend 3 on 10 at 0.5: %v near-limit hits in all, want 6", n)
+	}
+}
+
 // Envoy's per-route limit override replaces the file's limit; the IETF
 // headers name each enforced window.
 func TestOverrideAndHeaders(t *testing.T) {
@@ -458,7 +488,7 @@ func TestRedisDown(t *testing.T) {
 		ok   int // admitted of 6
 		err  codes.Code
 	}{{ModeLocal, 2, codes.OK}, {ModeOpen, 6, codes.OK}, {ModeClosed, 0, codes.OK}, {ModeEnvoy, 0, codes.Unavailable}} {
-		t.Run(modeNames[tc.mode], func(t *testing.T) {
+		t.Run(tc.mode.String(), func(t *testing.T) {
 			rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 			defer rdb.Close()
 			store := limiter.NewRedis(rdb, "down", 200*time.Millisecond, limiter.NewMetrics(prometheus.NewRegistry()), nil)
@@ -477,7 +507,7 @@ func TestRedisDown(t *testing.T) {
 			if ok != tc.ok {
 				t.Fatalf("%d admitted of 6, want %d", ok, tc.ok)
 			}
-			if n := value(r.svc.m.fallbacks.WithLabelValues(modeNames[tc.mode])); n != 6 {
+			if n := value(r.svc.m.fallbacks.WithLabelValues(tc.mode.String())); n != 6 {
 				t.Fatalf("fallbacks %v, want 6", n)
 			}
 			if tc.mode != ModeEnvoy {
@@ -541,9 +571,11 @@ func TestReloadAndHealth(t *testing.T) {
 	r := newRig(t, c, limiter.NewMemory(), "p:", nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := Watch(ctx, r.svc, file, nil); err != nil {
+	stop, err := Watch(ctx, r.svc, file, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	defer stop()
 	limitNow := func() uint32 {
 		return r.call(t, req("d", d("a", fmt.Sprint(time.Now().UnixNano())))).Statuses[0].CurrentLimit.GetRequestsPerUnit()
 	}
