@@ -420,7 +420,7 @@ func (s *Redis) wait(o *op) (ok bool, err error, gone bool) {
 		<-o.done
 		return o.ok, o.err, false
 	}
-	if s.answeredSince(mono(o.queued)) {
+	if s.answeredSince(mono(o.queued)) || s.hostLate(time.Now()) { // Redis alive, or this host too late to tell
 		s.m.shed.WithLabelValues("wait_timeout").Inc()
 		return false, ErrShed, true
 	}
@@ -542,10 +542,17 @@ func (s *Redis) send(batch []*op) {
 		case err == nil:
 			s.m.ok.Inc()
 			answered = true
-		case isTimeout(err) && s.answeredSince(mono(t0)):
-			// silent for failAfter while Redis answered others: this
-			// connection, not Redis; its waiters have long given up
+		case isTimeout(err) && (s.answeredSince(mono(t0)) || s.hostLate(time.Now())):
+			// past the read deadline while Redis answered others, or on
+			// a host too late to tell: load, not a failure; the ops still
+			// waited on are shed
 			s.m.fail.Inc()
+			for _, o := range ops {
+				if o.state.Load() == opWaiting {
+					s.m.shed.WithLabelValues("wait_timeout").Inc()
+				}
+			}
+			err = ErrShed
 		default:
 			s.m.fail.Inc()
 			failed = err
@@ -570,7 +577,9 @@ func (s *Redis) send(batch []*op) {
 
 // answeredSince reports whether Redis answered a call or PING this
 // instance sent after t (mono): then Redis is alive and serves newer work,
-// and a decision still waiting since t met load, not a failure.
+// and a decision still waiting since t met load (the calls ahead of it,
+// this host), not a failure. (An answer to an older call does not vouch:
+// a uniformly slow Redis answers those too, late.)
 func (s *Redis) answeredSince(t int64) bool {
 	ok := s.lastOK.Load()
 	return ok != 0 && ok > t // 0: never
