@@ -34,6 +34,7 @@ type op struct {
 	seq, idx uint64 // its call and place there: members "<id>:<seq>:<idx>:<j>"
 	state    atomic.Int32
 	done     chan struct{}
+	timer    *time.Timer // its waiter's
 }
 
 // op states
@@ -85,10 +86,20 @@ func (s *Redis) wait(o *op) (ok bool, err error, gone bool) {
 		}
 	}
 	first := o.queued.Add(s.timeout)
-	t := time.NewTimer(time.Until(first))
-	defer t.Stop()
+	// The op's own timer, kept while pooled: a wait allocates nothing.
+	// (Since Go 1.23 a stopped timer delivers nothing stale on Reset.)
+	if o.timer == nil {
+		o.timer = time.NewTimer(time.Until(first))
+	} else {
+		o.timer.Reset(time.Until(first))
+	}
+	t := o.timer
+	// Stopped on every path that keeps the op; on the paths that give it
+	// up the timer has fired already, and must not be touched again: the
+	// flusher may recycle the op, and its next waiter reset this timer.
 	select {
 	case <-o.done:
+		t.Stop()
 		return o.ok, o.err, false
 	case <-t.C:
 		s.woke(first)
@@ -100,6 +111,7 @@ func (s *Redis) wait(o *op) (ok bool, err error, gone bool) {
 	t.Reset(time.Until(due))
 	select {
 	case <-o.done:
+		t.Stop()
 		return o.ok, o.err, false
 	case <-t.C:
 	}
@@ -111,6 +123,7 @@ func (s *Redis) wait(o *op) (ok bool, err error, gone bool) {
 		t.Reset(late)
 		select {
 		case <-o.done:
+			t.Stop()
 			return o.ok, o.err, false
 		case <-t.C:
 		}
