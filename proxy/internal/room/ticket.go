@@ -175,7 +175,7 @@ func (r *Keyring) Sign(t Ticket) string {
 	binary.BigEndian.PutUint64(p[30:], uint64(t.Arrival))
 	binary.BigEndian.PutUint64(p[38:], uint64(t.Expires))
 	copy(buf[payloadLen:], mac(k.secret, p))
-	return base64.RawURLEncoding.EncodeToString(buf[:])
+	return b64.EncodeToString(buf[:])
 }
 
 // Parse decodes and verifies a ticket at now (ms): its signature, its key
@@ -185,7 +185,7 @@ func (r *Keyring) Parse(s []byte, now time.Time) (Ticket, error) {
 		return Ticket{}, refuse(ReasonMalformed)
 	}
 	var buf [ticketLen + 2]byte
-	n, err := base64.RawURLEncoding.Decode(buf[:], s)
+	n, err := b64.Decode(buf[:], s)
 	if err != nil || n != ticketLen {
 		return Ticket{}, refuse(ReasonMalformed)
 	}
@@ -225,3 +225,7 @@ func (r *Keyring) Parse(s []byte, now time.Time) (Ticket, error) {
 	}
 	return t, nil
 }
+
+// b64 is strict: the unused low bits of the last character must be zero,
+// so one ticket has one spelling (a changed character is a changed ticket).
+var b64 = base64.RawURLEncoding.Strict()
