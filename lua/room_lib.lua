@@ -1,7 +1,7 @@
 -- room_lib.lua: the waiting room's shared pieces, put before room_enter.lua
 -- and room_tick.lua. Keys of one room (all under one hash tag
 -- {room:<rule>:<activity>}): meta (hash: next, served, tokens, last,
--- opened), ids (hash identity -> place), places (hash place ->
+-- opened, bought: purchases of admitted clients answered 202), ids (hash identity -> place), places (hash place ->
 -- "<arrival_ms>|<identity>", places not decided yet), seen (hash identity
 -- -> last poll ms), pre (zset identity -> random score: the pre-queue),
 -- active (zset identity -> admission deadline ms: admitted, not done).
@@ -20,7 +20,9 @@ local function room_open(meta, ids, places, seen, pre, now)
     local p = redis.call('HINCRBY', meta, 'next', 1)
     redis.call('HSET', ids, id, p)
     redis.call('HSET', places, p, now .. '|' .. id)
-    redis.call('HSET', seen, id, now)
+    -- Its own last poll stays: a holder gone before the opening is
+    -- skipped as soon as place_ttl has passed since then.
+    redis.call('HSETNX', seen, id, now)
   end
   redis.call('DEL', pre)
   redis.call('HSET', meta, 'opened', 1, 'last', now)

@@ -18,18 +18,18 @@
 -- KEYS   meta, ids, places, seen, pre, active (room_lib.lua)
 -- ARGV   rate (admissions/s), burst, max_active, units_left (-1: unknown),
 --        margin, place_ttl_ms, session_ms, opens_ms (0: now), max_steps,
---        keep_ms, then the identities seen polling
+--        keep_ms, bought_base (-1: none), then the identities seen polling
 -- Returns {served, next, active, admitted, skipped, expired, now_ms, opened,
---   pre}: admitted, skipped, expired are this call's own.
+--   pre, bought}: admitted, skipped, expired are this call's own.
 
 local meta, ids, places, seen, pre, active = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
 local max_active, units, margin = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local place_ttl, session, opens = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local max_steps, keep = tonumber(ARGV[9]), tonumber(ARGV[10])
+local max_steps, keep, bought_base = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 local now = room_now()
 
-for i = 11, #ARGV do
+for i = 12, #ARGV do
   redis.call('HSET', seen, ARGV[i], now)
 end
 
@@ -42,8 +42,10 @@ if not opened and opens <= now then
 end
 
 local admitted, skipped = 0, 0
-local m = redis.call('HMGET', meta, 'served', 'next', 'tokens', 'last')
+local m = redis.call('HMGET', meta, 'served', 'next', 'tokens', 'last', 'bought')
 local served, nxt = tonumber(m[1] or '0'), tonumber(m[2] or '0')
+local bought = tonumber(m[5] or '0')
+if units > 0 and bought_base >= 0 then units = math.max(units - (bought - bought_base), 0) end
 if opened then
   local tokens, last = tonumber(m[3] or '0'), tonumber(m[4] or now)
   if now > last then
@@ -78,4 +80,4 @@ if opened then
   redis.call('HSET', meta, 'served', served, 'tokens', tostring(tokens), 'last', now)
 end
 for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, keep) end
-return {served, nxt, redis.call('ZCARD', active), admitted, skipped, expired, now, opened and 1 or 0, redis.call('ZCARD', pre)}
+return {served, nxt, redis.call('ZCARD', active), admitted, skipped, expired, now, opened and 1 or 0, redis.call('ZCARD', pre), bought}

@@ -68,7 +68,7 @@ func (h *Handler) afterRoom(ctx *fasthttp.RequestCtx, res *room.Result) {
 		setTicket(ctx, res)
 	}
 	if st := ctx.Response.StatusCode(); res.Purchase && (st == fasthttp.StatusAccepted || st == fasthttp.StatusConflict) {
-		h.Rooms.Finish(res.Room, res.Identity)
+		h.Rooms.Finish(res.Room, res.Identity, st == fasthttp.StatusAccepted)
 	}
 }
 

@@ -240,7 +240,11 @@ type Room struct {
 	stockAt      time.Time
 	stockDirty   bool
 	soldOutEvent bool
-	soldOut      atomic.Bool
+	stockSeq     uint64 // stock events heard: a read that overlaps one is not kept
+	// boughtLast is meta's bought as the last step saw it; boughtBase its
+	// value before the kept stock read (room_tick.lua).
+	boughtLast, boughtBase int64
+	soldOut                atomic.Bool
 }
 
 type placeInfo struct{ place, arrival int64 }
@@ -302,7 +306,7 @@ func (m *Manager) room(rr *ruleRoom, act int64) *Room {
 		return r
 	}
 	base := m.o.KeyPrefix + "{room:" + rr.rule + ":" + strconv.FormatInt(act, 10) + "}:"
-	r := &Room{Name: name, rule: rr.rule, hash: RoomHash(name), act: act, m: m, units: -1, stockDirty: true,
+	r := &Room{Name: name, rule: rr.rule, hash: RoomHash(name), act: act, m: m, units: -1, stockDirty: true, boughtBase: -1,
 		keys: []string{base + "meta", base + "ids", base + "places", base + "seen", base + "pre", base + "active"},
 		seen: map[string]struct{}{}, known: map[string]placeInfo{}, bo: backoff.New(m.o.Tick, 2*time.Second)}
 	r.rr.Store(rr)
@@ -445,7 +449,6 @@ func (rm *Room) enter(rr *ruleRoom, q Request) Result {
 		case err != redis.Nil:
 			// Its signature vouches for it; whether it was spent cannot be
 			// known now. Every mode lets an admitted client through.
-			rm.degraded.Store(true)
 			return Result{Answer: Admitted}
 		}
 		valid = false // spent: back to the line (a new place at the back)
@@ -504,13 +507,11 @@ func (rm *Room) arrive(rr *ruleRoom, q Request, t Ticket, valid bool, idh uint64
 	v, err := lua.RoomEnter.Run(ctx, rm.m.o.Redis, rm.keys, q.Identity, rm.opensMs(rr), score, keyKeep.Milliseconds()).Slice()
 	cancel()
 	rm.call("enter", err)
-	if err != nil {
+	if err != nil || len(v) < 6 {
+		// This request is decided by on_redis_error; the room as a whole
+		// turns degraded only when its step fails (one slow call under a
+		// burst of arrivals is not a Redis failure).
 		rm.m.o.Log.Debug("waiting room: enter failed", "room", rm.Name, "err", err)
-		rm.degraded.Store(true)
-		return rm.failed(rr, rm.st.Load(), t, valid, q.Now, idh)
-	}
-	if len(v) < 6 {
-		rm.degraded.Store(true)
 		return rm.failed(rr, rm.st.Load(), t, valid, q.Now, idh)
 	}
 	kind, _ := v[0].(string)
@@ -631,10 +632,17 @@ func (rm *Room) opensMs(rr *ruleRoom) int64 {
 }
 
 // Finish ends an admitted client's admission: its purchase was answered
-// 202 or 409. Its slot goes to the next in line at the next step.
-func (m *Manager) Finish(rm *Room, identity string) {
+// 202 (bought: a unit left the stock) or 409. Its slot goes to the next in
+// line at the next step.
+func (m *Manager) Finish(rm *Room, identity string, bought bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), enterTimeout)
-	err := m.o.Redis.ZRem(ctx, rm.keys[5], identity).Err()
+	_, err := m.o.Redis.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, rm.keys[5], identity)
+		if bought {
+			p.HIncrBy(ctx, rm.keys[0], "bought", 1)
+		}
+		return nil
+	})
 	cancel()
 	rm.call("finish", err)
 	if err == nil && m.o.Metrics != nil {

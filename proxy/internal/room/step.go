@@ -44,56 +44,61 @@ func (m *Manager) Step(ctx context.Context) {
 
 // readStock refreshes the room's units left when its read is older than
 // StockTTL or news about the sale arrived; a failed read keeps the last
-// one (the step passes what it knows).
-func (rm *Room) readStock(ctx context.Context, now time.Time) int64 {
+// one (the step passes what it knows). It returns the units and the
+// bought count to take off them (see room_tick.lua; -1: none).
+func (rm *Room) readStock(ctx context.Context, now time.Time) (units, base int64) {
 	st := rm.m.o.Stock
 	rm.stockMu.Lock()
 	due := rm.stockDirty || now.Sub(rm.stockAt) >= rm.m.o.StockTTL
 	rm.stockDirty = false
+	seq, bought := rm.stockSeq, rm.boughtLast
 	rm.stockMu.Unlock()
 	if st != nil && due {
 		sctx, cancel := context.WithTimeout(ctx, tickTimeout)
 		sale, found, err := st.Sale(sctx, rm.act)
 		cancel()
 		rm.stockMu.Lock()
-		if err == nil {
+		switch {
+		case err != nil:
+			rm.stockDirty = true
+			rm.m.o.Log.Debug("waiting room: stock read failed", "room", rm.Name, "err", err)
+		case rm.stockSeq != seq:
+			// News arrived while reading: what was read may predate it.
+			rm.stockDirty = true
+		default:
 			rm.stockAt = now
-			rm.units = -1
-			rm.startMs = 0
+			rm.units, rm.startMs, rm.boughtBase = -1, 0, bought
 			if found {
 				rm.units = max(sale.Total-sale.Sold-sale.Pending, 0)
 				rm.startMs = sale.Start.UnixMilli()
 			}
-			// A read that began after the sold-out event is the truth.
+			// Read after the sold-out event: this read is the truth.
 			rm.soldOutEvent = false
-		} else {
-			rm.stockDirty = true
-			rm.m.o.Log.Debug("waiting room: stock read failed", "room", rm.Name, "err", err)
 		}
 		rm.stockMu.Unlock()
 	}
 	rm.stockMu.Lock()
 	defer rm.stockMu.Unlock()
-	units := rm.units
+	units = rm.units
 	if rm.soldOutEvent {
 		units = 0
 	}
 	rm.soldOut.Store(units == 0)
-	return units
+	return units, rm.boughtBase
 }
 
 // step moves the room's line once: see room_tick.lua.
 func (rm *Room) step(ctx context.Context, rr *ruleRoom, now time.Time) {
-	units := rm.readStock(ctx, now)
+	units, base := rm.readStock(ctx, now)
 	rm.mu.Lock()
 	seen := rm.seen
 	rm.seen = make(map[string]struct{}, len(seen))
 	rm.mu.Unlock()
 	c := rr.cfg
 	burst := math.Max(1, c.AdmitPerSecond/4)
-	args := make([]any, 0, 10+len(seen))
+	args := make([]any, 0, 11+len(seen))
 	args = append(args, c.AdmitPerSecond, burst, c.MaxActive, units, c.NoShowMargin, c.PlaceTTL.Milliseconds(),
-		c.Session.Milliseconds(), rm.opensMs(rr), maxSteps, keyKeep.Milliseconds())
+		c.Session.Milliseconds(), rm.opensMs(rr), maxSteps, keyKeep.Milliseconds(), base)
 	for id := range seen {
 		args = append(args, id)
 	}
@@ -101,7 +106,7 @@ func (rm *Room) step(ctx context.Context, rr *ruleRoom, now time.Time) {
 	v, err := lua.RoomTick.Run(tctx, rm.m.o.Redis, rm.keys, args...).Slice()
 	cancel()
 	rm.call("tick", err)
-	if err != nil || len(v) < 9 {
+	if err != nil || len(v) < 10 {
 		if ctx.Err() == nil {
 			rm.m.o.Log.Debug("waiting room: step failed", "room", rm.Name, "err", err)
 			rm.degraded.Store(true)
@@ -134,6 +139,9 @@ func (rm *Room) step(ctx context.Context, rr *ruleRoom, now time.Time) {
 		}
 	}
 	rm.st.Store(ns)
+	rm.stockMu.Lock()
+	rm.boughtLast = num(v[9])
+	rm.stockMu.Unlock()
 	if mt := rm.m.o.Metrics; mt != nil {
 		mt.Waiting.WithLabelValues(rm.Name).Set(float64(ns.next - ns.served + ns.pre))
 		mt.Active.WithLabelValues(rm.Name).Set(float64(ns.active))
@@ -149,6 +157,7 @@ func (m *Manager) Changed(id int64) {
 	m.each(id, func(rm *Room) {
 		rm.stockDirty = true
 		rm.soldOutEvent = false
+		rm.stockSeq++
 	})
 }
 
@@ -158,12 +167,18 @@ func (m *Manager) SoldOut(id int64) {
 	m.each(id, func(rm *Room) {
 		rm.soldOutEvent = true
 		rm.stockDirty = true
+		rm.stockSeq++
 		rm.soldOut.Store(true)
 	})
 }
 
 // Reset: (re)subscribed, events may have been lost: read every stock again.
-func (m *Manager) Reset() { m.each(0, func(rm *Room) { rm.stockDirty = true }) }
+func (m *Manager) Reset() {
+	m.each(0, func(rm *Room) {
+		rm.stockDirty = true
+		rm.stockSeq++
+	})
+}
 
 func (m *Manager) each(id int64, fn func(*Room)) {
 	m.mu.Lock()
