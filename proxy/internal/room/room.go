@@ -451,7 +451,10 @@ func (rm *Room) enter(rr *ruleRoom, q Request) Result {
 			// known now. Every mode lets an admitted client through.
 			return Result{Answer: Admitted}
 		}
-		valid = false // spent: back to the line (a new place at the back)
+		// Spent (finished, expired) or never given: a replay. Back to the
+		// line: the identity's place if it still has one, else the back.
+		rm.bad(ReasonStale)
+		valid = false
 	}
 	st := rm.st.Load()
 	if rm.degraded.Load() {
