@@ -17,8 +17,8 @@ import (
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/reservation"
-	isoldout "github.com/seckill/seckill/internal/soldout"
 	"github.com/seckill/seckill/internal/servicetest"
+	isoldout "github.com/seckill/seckill/internal/soldout"
 	"github.com/seckill/seckill/proxy/internal/room"
 )
 
@@ -54,7 +54,9 @@ redis.call('SADD', KEYS[2], ARGV[1])
 return left`)
 
 // buyersKey is the set of clients the shop sold a unit to.
-func buyersKey(prefix string, id int64) string { return reservation.KeysFor(prefix, id).Base + "test-buyers" }
+func buyersKey(prefix string, id int64) string {
+	return reservation.KeysFor(prefix, id).Base + "test-buyers"
+}
 
 func startShop(t *testing.T, rdb redis.UniversalClient, prefix string) *shop {
 	t.Helper()
@@ -235,7 +237,9 @@ func roomAsk(t *testing.T, c *fasthttp.HostClient, method, path, ip, ticket stri
 	return r
 }
 
-func purchasePath(id int64) string { return "/api/v1/activities/" + strconv.FormatInt(id, 10) + "/purchase" }
+func purchasePath(id int64) string {
+	return "/api/v1/activities/" + strconv.FormatInt(id, 10) + "/purchase"
+}
 
 // politeClient asks once, then polls as Retry-After tells, keeping its
 // ticket, alternating between the proxies, until its purchase is answered
