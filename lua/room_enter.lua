@@ -6,21 +6,28 @@
 -- Before the opening an arrival joins the pre-queue (place 0); the first
 -- call at or after the opening opens the room (room_lib.lua).
 --
--- KEYS   meta, ids, places, seen, pre, active (room_lib.lua)
+-- KEYS   meta, ids, places, seen, pre, active, admitted (room_lib.lua)
 -- ARGV   identity, opens_ms (0: open now), pre-queue score (random),
 --        keep_ms (the room's keys expire this long after the last write)
 -- Returns {kind, place, arrival_ms, deadline_ms, served, now_ms}: kind "A"
---   admitted (deadline_ms: its admission's end), "W" waiting in line at
+--   admitted (deadline_ms: its admission's end; place and arrival_ms of
+--   the place it was admitted from), "W" waiting in line at
 --   place (arrival_ms: when it got the place), "P" in the pre-queue.
 
-local meta, ids, places, seen, pre, active = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta, ids, places, seen, pre, active, admitted = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local id, opens, score, keep = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local now = room_now()
 local served = tonumber(redis.call('HGET', meta, 'served') or '0')
 
 local dl = redis.call('ZSCORE', active, id)
 if dl and tonumber(dl) > now then
-  return {'A', tonumber(redis.call('HGET', ids, id) or '0'), 0, tonumber(dl), served, now}
+  local arr, p = 0, tonumber(redis.call('HGET', ids, id) or '0')
+  local rec = redis.call('HGET', admitted, id)
+  if rec then
+    local a, q = string.match(rec, '^(%d+)|(%d+)$')
+    arr, p = tonumber(a), tonumber(q)
+  end
+  return {'A', p, arr, tonumber(dl), served, now}
 end
 
 local function waiting(p)
@@ -52,6 +59,7 @@ end
 
 p = redis.call('HINCRBY', meta, 'next', 1)
 redis.call('HSET', ids, id, p)
+redis.call('HDEL', admitted, id)
 redis.call('HSET', places, p, now .. '|' .. id)
 redis.call('HSET', seen, id, now)
 for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, keep) end

@@ -4,7 +4,9 @@
 -- opened, bought: purchases of admitted clients answered 202), ids (hash identity -> place), places (hash place ->
 -- "<arrival_ms>|<identity>", places not decided yet), seen (hash identity
 -- -> last poll ms), pre (zset identity -> random score: the pre-queue),
--- active (zset identity -> admission deadline ms: admitted, not done).
+-- active (zset identity -> admission deadline ms: admitted, not done),
+-- admitted (hash identity -> "<arrival_ms>|<place>" of its admission, so an
+-- admitted client that lost its ticket still learns when it arrived).
 
 local function room_now()
   local t = redis.call('TIME')

@@ -15,14 +15,14 @@
 --    none when units_left is 0; units_left -1 means no stock is known
 --    (max_active alone caps).
 --
--- KEYS   meta, ids, places, seen, pre, active (room_lib.lua)
+-- KEYS   meta, ids, places, seen, pre, active, admitted (room_lib.lua)
 -- ARGV   rate (admissions/s), burst, max_active, units_left (-1: unknown),
 --        margin, place_ttl_ms, session_ms, opens_ms (0: now), max_steps,
 --        keep_ms, bought_base (-1: none), then the identities seen polling
 -- Returns {served, next, active, admitted, skipped, expired, now_ms, opened,
 --   pre, bought}: admitted, skipped, expired are this call's own.
 
-local meta, ids, places, seen, pre, active = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta, ids, places, seen, pre, active, admitted = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
 local max_active, units, margin = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local place_ttl, session, opens = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -61,12 +61,14 @@ if opened then
     local p = served + 1
     local rec = redis.call('HGET', places, p)
     if rec then
-      local id = string.sub(rec, string.find(rec, '|', 1, true) + 1)
+      local bar = string.find(rec, '|', 1, true)
+      local id = string.sub(rec, bar + 1)
       if tonumber(redis.call('HGET', ids, id) or '0') == p then
         local s = tonumber(redis.call('HGET', seen, id) or '0')
         if s >= now - place_ttl then
           if tokens < 1 or slots < 1 then break end
           redis.call('ZADD', active, now + session, id)
+          redis.call('HSET', admitted, id, string.sub(rec, 1, bar - 1) .. '|' .. p)
           tokens, slots, admitted = tokens - 1, slots - 1, admitted + 1
         else
           skipped = skipped + 1

@@ -50,7 +50,9 @@ func TestRoomOrder(t *testing.T) {
 	if chaos() {
 		n, spread, rate = 5000, 2*time.Second, 1000
 	}
-	s := newRoomSetup(t, conf.WaitingRoom{AdmitPerSecond: rate, MaxActive: 100_000})
+	// A place_ttl well above the poll interval: a client slowed by a loaded
+	// machine keeps its place (the abandonment test covers losing it).
+	s := newRoomSetup(t, conf.WaitingRoom{AdmitPerSecond: rate, MaxActive: 100_000, PlaceTTL: conf.D(10 * time.Second)})
 	s.start(t, 2)
 	cs := s.clients()
 	var wg sync.WaitGroup
@@ -122,7 +124,8 @@ func TestRoomPreQueue(t *testing.T) {
 		n, rate = 3000, 1000
 	}
 	opens := time.Now().Add(1500 * time.Millisecond)
-	s := newRoomSetup(t, conf.WaitingRoom{AdmitPerSecond: rate, MaxActive: 100_000, OpensAt: opens.Format(time.RFC3339Nano)})
+	s := newRoomSetup(t, conf.WaitingRoom{AdmitPerSecond: rate, MaxActive: 100_000, OpensAt: opens.Format(time.RFC3339Nano),
+		PlaceTTL: conf.D(10 * time.Second)})
 	s.start(t, 2)
 	cs := s.clients()
 	var wg sync.WaitGroup

@@ -307,7 +307,7 @@ func (m *Manager) room(rr *ruleRoom, act int64) *Room {
 	}
 	base := m.o.KeyPrefix + "{room:" + rr.rule + ":" + strconv.FormatInt(act, 10) + "}:"
 	r := &Room{Name: name, rule: rr.rule, hash: RoomHash(name), act: act, m: m, units: -1, stockDirty: true, boughtBase: -1,
-		keys: []string{base + "meta", base + "ids", base + "places", base + "seen", base + "pre", base + "active"},
+		keys: []string{base + "meta", base + "ids", base + "places", base + "seen", base + "pre", base + "active", base + "admitted"},
 		seen: map[string]struct{}{}, known: map[string]placeInfo{}, bo: backoff.New(m.o.Tick, 2*time.Second)}
 	r.rr.Store(rr)
 	m.rooms[name] = r
@@ -524,11 +524,6 @@ func (rm *Room) arrive(rr *ruleRoom, q Request, t Ticket, valid bool, idh uint64
 	}
 	switch kind {
 	case "A":
-		if valid && t.Kind == KindPlace {
-			arrival = t.Arrival
-		} else if pi, ok := rm.lookup(q.Identity); ok {
-			arrival = pi.arrival
-		}
 		granted := deadline - rr.cfg.Session.Duration.Milliseconds()
 		if mt := rm.m.o.Metrics; mt != nil && arrival > 0 {
 			mt.InLine.WithLabelValues(rm.Name).Observe(float64(max(granted-arrival, 0)) / 1000)
@@ -641,6 +636,7 @@ func (m *Manager) Finish(rm *Room, identity string, bought bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), enterTimeout)
 	_, err := m.o.Redis.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZRem(ctx, rm.keys[5], identity)
+		p.HDel(ctx, rm.keys[6], identity)
 		if bought {
 			p.HIncrBy(ctx, rm.keys[0], "bought", 1)
 		}
