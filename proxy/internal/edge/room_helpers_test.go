@@ -242,13 +242,12 @@ func purchasePath(id int64) string {
 }
 
 // politeClient asks once, then polls as Retry-After tells, keeping its
-// ticket, alternating between the proxies, until its purchase is answered
+// ticket (the one it holds, if any, first), alternating between the proxies, until its purchase is answered
 // by the shop (202, 409) or the room says sold out; it returns every reply.
 // A 503 (a Redis call of the room timed out under the test's burst) is
 // retried as told too.
-func politeClient(t *testing.T, cs []*fasthttp.HostClient, ip string, first int, stop <-chan struct{}) []roomReply {
+func politeClient(t *testing.T, cs []*fasthttp.HostClient, ip string, first int, ticket string) []roomReply {
 	var out []roomReply
-	ticket := ""
 	for i := first; ; i++ {
 		r := roomAsk(t, cs[i%len(cs)], "POST", purchasePath(roomAct), ip, ticket)
 		out = append(out, r)
@@ -257,11 +256,7 @@ func politeClient(t *testing.T, cs []*fasthttp.HostClient, ip string, first int,
 		}
 		switch r.status {
 		case 429, 503:
-			select {
-			case <-stop:
-				return out
-			case <-time.After(time.Duration(max(r.retryAfter, 1)) * time.Second):
-			}
+			time.Sleep(time.Duration(max(r.retryAfter, 1)) * time.Second)
 			continue
 		}
 		return out

@@ -60,7 +60,7 @@ func TestRoomOrder(t *testing.T) {
 	for i := range n {
 		time.Sleep(time.Until(start.Add(spread * time.Duration(i) / time.Duration(n))))
 		wg.Go(func() {
-			rs := politeClient(t, cs, clientIP(i), i, nil)
+			rs := politeClient(t, cs, clientIP(i), i, "")
 			if last := rs[len(rs)-1]; last.status != 202 {
 				t.Errorf("client %d ended %d %s", i, last.status, last.code)
 			}
@@ -142,7 +142,7 @@ func TestRoomPreQueue(t *testing.T) {
 		}
 		wg.Go(func() {
 			time.Sleep(time.Duration(max(r.retryAfter, 1)) * time.Second)
-			rs := politeClient(t, cs, clientIP(i), i+1, nil)
+			rs := politeClient(t, cs, clientIP(i), i+1, r.ticket)
 			if last := rs[len(rs)-1]; last.status != 202 {
 				t.Errorf("client %d ended %d %s", i, last.status, last.code)
 			}
@@ -271,7 +271,7 @@ func TestRoomStock(t *testing.T) {
 	start := time.Now()
 	for i := range n {
 		time.Sleep(time.Until(start.Add(500 * time.Millisecond * time.Duration(i) / time.Duration(n))))
-		wg.Go(func() { replies[i] = politeClient(t, cs, clientIP(i), i, nil) })
+		wg.Go(func() { replies[i] = politeClient(t, cs, clientIP(i), i, "") })
 	}
 	wg.Wait()
 	close(stop)
@@ -354,7 +354,7 @@ func TestRoomUnitsComeBack(t *testing.T) {
 	var wg sync.WaitGroup
 	replies := make([][]roomReply, 20)
 	for i := range 20 {
-		wg.Go(func() { replies[i] = politeClient(t, cs, clientIP(i), i, nil) })
+		wg.Go(func() { replies[i] = politeClient(t, cs, clientIP(i), i, "") })
 		time.Sleep(2 * time.Millisecond)
 	}
 	wg.Wait()
@@ -384,7 +384,7 @@ func TestRoomUnitsComeBack(t *testing.T) {
 	got := make([]int, len(ws))
 	for i, w := range ws {
 		wg.Go(func() {
-			rs := politeClient(t, cs, w.ip, i, nil)
+			rs := politeClient(t, cs, w.ip, i, "")
 			got[i] = rs[len(rs)-1].status
 		})
 	}
@@ -417,18 +417,32 @@ func TestRoomAbandonment(t *testing.T) {
 	cs := s.clients()
 	var wg sync.WaitGroup
 	live := 0
+	// Those who vanish arrive first, so that their last poll is place_ttl
+	// old at the opening however slow the machine is with the rest.
+	order := make([]int, 0, n)
 	for i := range n {
+		if i%10 < 3 {
+			order = append(order, i)
+		}
+	}
+	for i := range n {
+		if i%10 >= 3 {
+			order = append(order, i)
+		}
+	}
+	for _, i := range order {
 		r := roomAsk(t, cs[i%2], "POST", purchasePath(roomAct), clientIP(i), "")
 		if r.status != 429 {
 			t.Fatalf("client %d: %d, want 429 (pre-queue)", i, r.status)
 		}
+		tk := r.ticket
 		if i%10 < 3 {
 			continue // vanishes
 		}
 		live++
 		wg.Go(func() {
 			time.Sleep(time.Second)
-			politeClient(t, cs, clientIP(i), i, nil)
+			politeClient(t, cs, clientIP(i), i+1, tk)
 		})
 	}
 	wg.Wait()
@@ -451,5 +465,109 @@ func TestRoomAbandonment(t *testing.T) {
 	}
 	if got < 0.7*rate {
 		t.Errorf("the line moved at %.1f/s with abandoned places in it, want about %v", got, rate)
+	}
+}
+
+// botClient retries every 50 ms (20 tries/s), ignores Retry-After, drops
+// its ticket on every try and alternates between the proxies, until its
+// purchase is answered 202 or 409 (by the shop or the room).
+func botClient(t *testing.T, cs []*fasthttp.HostClient, ip string, first int) roomReply {
+	for i := first; ; i++ {
+		r := roomAsk(t, cs[i%len(cs)], "POST", purchasePath(roomAct), ip, "")
+		if r.status == 202 || r.status == 409 {
+			return r
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// katzUpper is the one-sided 95% upper bound of the ratio of two win rates
+// a/n1 over c/n2 (Katz's log method; +0.5 to every cell when one is 0).
+func katzUpper(a, n1, c, n2 int) float64 {
+	fa, f1, fc, f2 := float64(a), float64(n1), float64(c), float64(n2)
+	if a == 0 || c == 0 {
+		fa, f1, fc, f2 = fa+0.5, f1+1, fc+0.5, f2+1
+	}
+	rr := (fa / f1) / (fc / f2)
+	se := math.Sqrt(1/fa - 1/f1 + 1/fc - 1/f2)
+	return rr * math.Exp(1.645*se)
+}
+
+// Fairness: with the room on, bots (20 tries/s, ignoring Retry-After,
+// dropping their ticket on every try, using both instances) arriving among
+// clients who ask once and poll as told win no larger share of the units:
+// the ratio of their win rates stays at most 1.5 (under SECKILL_CHAOS=1, at
+// 1,000 clients, its one-sided 95% upper bound too). Arrivals are
+// interleaved one bot per five polite clients, each first request sent in
+// turn, so arrival order is known.
+func TestRoomFairness(t *testing.T) {
+	t.Parallel()
+	n, units := 240, 60
+	if chaos() {
+		n, units = 1200, 300
+	}
+	s := newRoomSetup(t, conf.WaitingRoom{AdmitPerSecond: 200, MaxActive: 100_000, PlaceTTL: conf.D(10 * time.Second)})
+	putSale(t, s.rdb, s.prefix, roomAct, units)
+	s.start(t, 2)
+	cs := s.clients()
+	var wg sync.WaitGroup
+	won := make([]bool, n)
+	isBot := func(i int) bool { return i%6 == 5 }
+	for i := range n {
+		ip := clientIP(i)
+		first := roomAsk(t, cs[i%2], "POST", purchasePath(roomAct), ip, "")
+		if first.status == 202 {
+			won[i] = true
+			continue
+		}
+		if first.status == 409 {
+			continue
+		}
+		wg.Go(func() {
+			if isBot(i) {
+				won[i] = botClient(t, cs, ip, i).status == 202
+				return
+			}
+			time.Sleep(time.Duration(max(first.retryAfter, 1)) * time.Second)
+			rs := politeClient(t, cs, ip, i+1, first.ticket)
+			won[i] = rs[len(rs)-1].status == 202
+		})
+	}
+	wg.Wait()
+	bots, botWins, polite, politeWins := 0, 0, 0, 0
+	for i, w := range won {
+		if isBot(i) {
+			bots++
+			if w {
+				botWins++
+			}
+		} else {
+			polite++
+			if w {
+				politeWins++
+			}
+		}
+	}
+	if botWins+politeWins != units {
+		t.Errorf("%d units won, want %d", botWins+politeWins, units)
+	}
+	ratio := (float64(botWins) / float64(bots)) / (float64(politeWins) / float64(polite))
+	upper := katzUpper(botWins, bots, politeWins, polite)
+	text := scrape(t, s.pxs[0]) + scrape(t, s.pxs[1])
+	answers := metricSum(text, `seckill_proxy_room_answers_total{`)
+	calls := 0.0
+	for _, res := range []string{"ok", "error"} {
+		for _, script := range []string{"enter", "check", "finish"} {
+			calls += metricSum(text, `seckill_proxy_room_redis_calls_total{result="`+res+`",room="buy/1",script="`+script+`"}`)
+		}
+	}
+	t.Logf("bots won %d/%d, polite clients %d/%d: ratio of win rates %.2f (one-sided 95%% upper bound %.2f); "+
+		"%v requests decided by the room with %v Redis calls on the request path; beyond the %d arrivals' own: %.3f per request",
+		botWins, bots, politeWins, polite, ratio, upper, answers, calls, n, (calls-float64(n))/max(answers-float64(n), 1))
+	if ratio > 1.5 {
+		t.Errorf("bots won at %.2f× the polite clients' rate", ratio)
+	}
+	if chaos() && upper > 1.5 {
+		t.Errorf("one-sided 95%% upper bound of the ratio %.2f > 1.5", upper)
 	}
 }

@@ -540,7 +540,12 @@ func (rm *Room) arrive(rr *ruleRoom, q Request, t Ticket, valid bool, idh uint64
 	pi := placeInfo{place, arrival}
 	rm.remember(q.Identity, pi)
 	st := rm.st.Load()
-	if st == nil || st.served < served {
+	if st == nil {
+		// Before this instance's first step: the line as this call saw
+		// it, so the next polls are answered without Redis too.
+		st = &state{served: served, next: place, opened: true, at: q.Now}
+		rm.st.CompareAndSwap(nil, st)
+	} else if st.served < served {
 		st = &state{served: served, opened: true}
 	}
 	return rm.waiting(rr, st, pi, q.Now, idh)
