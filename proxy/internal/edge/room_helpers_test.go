@@ -156,6 +156,9 @@ func newRoomSetup(t *testing.T, wr conf.WaitingRoom) *roomSetup {
 	cfg.Proxy.Rules = []conf.Rule{{Name: "buy", PathPrefix: "/api/v1/activities/", OnRedisError: "open",
 		Global: &conf.Window{Limit: 10_000_000, Window: conf.D(time.Second)}, WaitingRoom: &wr}}
 	s.cfg = cfg
+	// A room per sale named in the path is made for a sale Redis holds:
+	// one with stock enough for any test; tests of stock put their own.
+	putSale(t, rdb, prefix, roomAct, 1_000_000)
 	return s
 }
 

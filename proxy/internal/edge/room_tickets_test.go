@@ -111,6 +111,10 @@ func TestRoomAnswers(t *testing.T) {
 		setCookie := string(resp.Header.PeekCookie("seckill_room_buy"))
 		return resp.StatusCode(), string(resp.Header.ContentType()), string(resp.Body()), setCookie
 	}
+	// A sale Redis does not hold gets no room: on to the backend.
+	if r := roomAsk(t, c, "GET", "/api/v1/activities/777/page", "10.0.0.1", ""); r.status != 200 {
+		t.Errorf("a sale that does not exist: %d %s, want the shop's 200", r.status, r.code)
+	}
 	roomAsk(t, c, "GET", "/api/v1/activities/1/page", "10.0.0.1", "")
 	st, ct, body, sc := get("/api/v1/activities/1/page", "10.0.0.2", "")
 	if st != 200 || !strings.HasPrefix(ct, "text/html") || !strings.Contains(body, `id="position">2<`) ||

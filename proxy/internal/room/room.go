@@ -88,8 +88,10 @@ const (
 	// finished sale's line does not stay in Redis for ever.
 	keyKeep = 24 * time.Hour
 	// idleAfter: a room no request asked about for this long is not
-	// stepped by this instance (the instances that serve it step it).
-	idleAfter = time.Minute
+	// stepped by this instance (the instances that serve it step it);
+	// forgetAfter: it is dropped from memory (its line stays in Redis).
+	idleAfter   = time.Minute
+	forgetAfter = 10 * time.Minute
 	// maxKnown bounds the identity -> place memory of a room (the answer
 	// to a client that drops its ticket on every try); past it, it starts
 	// over (such clients then cost one Redis call each, once).
@@ -301,12 +303,30 @@ func (m *Manager) room(rr *ruleRoom, act int64) *Room {
 		name += "/" + strconv.FormatInt(act, 10)
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if r, ok := m.rooms[name]; ok {
+	r, ok := m.rooms[name]
+	m.mu.Unlock()
+	if ok {
 		return r
 	}
+	// A room per sale named in the path is made only for a sale Redis
+	// holds: made-up ids must not make rooms (memory here, keys in Redis);
+	// their requests go on to the backend, which answers 404. A failed
+	// read makes the room (its own calls then meet on_redis_error).
+	if rr.cfg.ActivityID == 0 && m.o.Stock != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), enterTimeout)
+		_, found, err := m.o.Stock.Sale(ctx, act)
+		cancel()
+		if err == nil && !found {
+			return nil
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if made, ok := m.rooms[name]; ok { // made by a request racing this one
+		return made
+	}
 	base := m.o.KeyPrefix + "{room:" + rr.rule + ":" + strconv.FormatInt(act, 10) + "}:"
-	r := &Room{Name: name, rule: rr.rule, hash: RoomHash(name), act: act, m: m, units: -1, stockDirty: true, boughtBase: -1,
+	r = &Room{Name: name, rule: rr.rule, hash: RoomHash(name), act: act, m: m, units: -1, stockDirty: true, boughtBase: -1,
 		keys: []string{base + "meta", base + "ids", base + "places", base + "seen", base + "pre", base + "active", base + "admitted"},
 		seen: map[string]struct{}{}, known: map[string]placeInfo{}, bo: backoff.New(m.o.Tick, 2*time.Second)}
 	r.rr.Store(rr)
@@ -364,6 +384,7 @@ type Result struct {
 	Secure bool
 	// Purchase: a purchase of an admitted client (Finish it on 202/409).
 	Purchase bool
+	replay   bool // a keyed purchase let through to the backend while sold out
 }
 
 // Applies reports whether a request falls to a waiting room (the caller
@@ -380,6 +401,9 @@ func (m *Manager) Enter(q Request) Result {
 		return Result{}
 	}
 	rm := m.room(rr, act)
+	if rm == nil {
+		return Result{}
+	}
 	rm.lastUse.Store(q.Now.UnixMilli())
 	if len(q.Ticket) == 0 {
 		name := []byte(rr.cfg.Cookie)
@@ -392,7 +416,7 @@ func (m *Manager) Enter(q Request) Result {
 	}
 	res := rm.enter(rr, q)
 	res.Room, res.Identity, res.Cookie, res.Secure = rm, q.Identity, rr.cfg.Cookie, rr.cfg.CookieSecure
-	res.Purchase = q.Purchase && res.Answer == Admitted
+	res.Purchase = q.Purchase && res.Answer == Admitted && !res.replay
 	if mt := m.o.Metrics; mt != nil {
 		mt.Answers.WithLabelValues(rm.Name, answerNames[res.Answer]).Inc()
 	}
@@ -462,7 +486,8 @@ func (rm *Room) enter(rr *ruleRoom, q Request) Result {
 	}
 	if rm.soldOut.Load() {
 		if q.Purchase && q.MayReplay != nil && q.MayReplay() {
-			return Result{Answer: Admitted}
+			// On to the backend, but not an admission: nothing to finish.
+			return Result{Answer: Admitted, replay: true}
 		}
 		res := Result{Answer: SoldOut}
 		if valid && t.Kind == KindPlace {

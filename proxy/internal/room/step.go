@@ -29,7 +29,11 @@ func (m *Manager) Step(ctx context.Context) {
 	now := time.Now()
 	m.mu.Lock()
 	rooms := make([]*Room, 0, len(m.rooms))
-	for _, rm := range m.rooms {
+	for name, rm := range m.rooms {
+		if now.Sub(time.UnixMilli(rm.lastUse.Load())) > forgetAfter {
+			delete(m.rooms, name)
+			continue
+		}
 		rooms = append(rooms, rm)
 	}
 	m.mu.Unlock()
