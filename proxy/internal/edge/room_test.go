@@ -14,6 +14,7 @@ import (
 
 	"github.com/seckill/seckill/conf"
 	"github.com/seckill/seckill/internal/reservation"
+	"github.com/seckill/seckill/internal/servicetest"
 	"github.com/seckill/seckill/proxy/internal/room"
 )
 
@@ -287,6 +288,10 @@ func TestRoomStock(t *testing.T) {
 	}
 	if worst > 0 {
 		t.Errorf("admitted and unfinished exceeded units left + margin by %d (of %d samples)", worst, samples)
+	}
+	if samples == 0 {
+		// One MULTI over two hash slots: not on a Redis Cluster.
+		t.Log("the bound was not sampled (no MULTI over the room's and the sale's keys on this Redis)")
 	}
 	soldAt := s.shop.soldAt.Load()
 	if soldAt == 0 {
@@ -569,5 +574,70 @@ func TestRoomFairness(t *testing.T) {
 	}
 	if chaos() && upper > 1.5 {
 		t.Errorf("one-sided 95%% upper bound of the ratio %.2f > 1.5", upper)
+	}
+}
+
+// Without opens_at the room opens at the sale's starts_at as Redis holds
+// it: arrivals before it wait in the pre-queue (no place yet), and get
+// places once it passed.
+func TestRoomOpensAtSaleStart(t *testing.T) {
+	t.Parallel()
+	s := newRoomSetup(t, conf.WaitingRoom{AdmitPerSecond: 0.01})
+	start := time.Now().Add(1200 * time.Millisecond)
+	err := s.rdb.HSet(context.Background(), reservation.KeysFor(s.prefix, roomAct).Meta, "start", start.UnixMilli()).Err()
+	servicetest.Must(t, err, "sale start")
+	s.start(t, 2)
+	cs := s.clients()
+	tickets := make([]string, 3)
+	for i := range 3 {
+		r := roomAsk(t, cs[i%2], "POST", purchasePath(roomAct), clientIP(i), "")
+		if r.status != 429 || r.position != 0 || r.ticket == "" || r.eta < 1 {
+			t.Fatalf("client %d before the sale starts: %+v, want 429 in the pre-queue with an eta", i, r)
+		}
+		tickets[i] = r.ticket
+	}
+	time.Sleep(time.Until(start) + 300*time.Millisecond)
+	seen := map[int64]bool{}
+	for i := range 3 {
+		r := roomAsk(t, cs[(i+1)%2], "POST", purchasePath(roomAct), clientIP(i), tickets[i])
+		if r.status != 429 || r.position < 1 || r.position > 3 || seen[r.position] {
+			t.Errorf("client %d after the start: %+v, want its own place among 1-3", i, r)
+		}
+		seen[r.position] = true
+	}
+}
+
+// An admitted client that never finishes frees its slot when its session
+// ends: with max_active 1, the next in line gets in then.
+func TestRoomSessionExpiry(t *testing.T) {
+	t.Parallel()
+	s := newRoomSetup(t, conf.WaitingRoom{AdmitPerSecond: 100, MaxActive: 1, Session: conf.D(time.Second)})
+	s.start(t, 2)
+	cs := s.clients()
+	a := roomAsk(t, cs[0], "GET", "/api/v1/activities/1/page", "10.0.0.1", "")
+	b := roomAsk(t, cs[1], "GET", "/api/v1/activities/1/page", "10.0.0.2", "")
+	deadline := time.Now().Add(3 * time.Second)
+	for a.status != 200 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a never admitted: %+v", a)
+		}
+		time.Sleep(100 * time.Millisecond)
+		a = roomAsk(t, cs[0], "GET", "/api/v1/activities/1/page", "10.0.0.1", a.ticket)
+	}
+	admittedA := time.Now()
+	// a never buys; b polls until its turn.
+	for b.status != 200 {
+		if time.Now().After(admittedA.Add(3 * time.Second)) {
+			t.Fatalf("b not admitted 3 s after a, whose session is 1 s: %+v", b)
+		}
+		time.Sleep(100 * time.Millisecond)
+		b = roomAsk(t, cs[1], "GET", "/api/v1/activities/1/page", "10.0.0.2", b.ticket)
+	}
+	if d := time.Since(admittedA); d < 800*time.Millisecond {
+		t.Errorf("b admitted %v after a, before a's 1 s session ended (max_active 1)", d)
+	}
+	expired := metricSum(scrape(t, s.pxs[0])+scrape(t, s.pxs[1]), `seckill_proxy_room_sessions_expired_total{room="buy/1"}`)
+	if expired < 1 {
+		t.Errorf("sessions expired: %v, want a's", expired)
 	}
 }

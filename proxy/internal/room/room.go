@@ -308,16 +308,23 @@ func (m *Manager) room(rr *ruleRoom, act int64) *Room {
 	if ok {
 		return r
 	}
-	// A room per sale named in the path is made only for a sale Redis
-	// holds: made-up ids must not make rooms (memory here, keys in Redis);
-	// their requests go on to the backend, which answers 404. A failed
-	// read makes the room (its own calls then meet on_redis_error).
-	if rr.cfg.ActivityID == 0 && m.o.Stock != nil {
+	// The sale is read before the room serves its first request: its
+	// start is the opening when opens_at is not set (a first arrival must
+	// not open the room early). A room per sale named in the path is made
+	// only for a sale Redis holds: made-up ids must not make rooms (memory
+	// here, keys in Redis); their requests go on to the backend, which
+	// answers 404. A failed read makes the room (its own calls then meet
+	// on_redis_error).
+	units, startMs, read := int64(-1), int64(0), time.Time{}
+	if m.o.Stock != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), enterTimeout)
-		_, found, err := m.o.Stock.Sale(ctx, act)
+		sale, found, err := m.o.Stock.Sale(ctx, act)
 		cancel()
-		if err == nil && !found {
+		switch {
+		case err == nil && !found && rr.cfg.ActivityID == 0:
 			return nil
+		case err == nil && found:
+			units, startMs, read = max(sale.Total-sale.Sold-sale.Pending, 0), sale.Start.UnixMilli(), time.Now()
 		}
 	}
 	m.mu.Lock()
@@ -326,9 +333,11 @@ func (m *Manager) room(rr *ruleRoom, act int64) *Room {
 		return made
 	}
 	base := m.o.KeyPrefix + "{room:" + rr.rule + ":" + strconv.FormatInt(act, 10) + "}:"
-	r = &Room{Name: name, rule: rr.rule, hash: RoomHash(name), act: act, m: m, units: -1, stockDirty: true, boughtBase: -1,
+	r = &Room{Name: name, rule: rr.rule, hash: RoomHash(name), act: act, m: m, units: units, startMs: startMs, stockAt: read,
+		stockDirty: read.IsZero(), boughtBase: -1,
 		keys: []string{base + "meta", base + "ids", base + "places", base + "seen", base + "pre", base + "active", base + "admitted"},
 		seen: map[string]struct{}{}, known: map[string]placeInfo{}, bo: backoff.New(m.o.Tick, 2*time.Second)}
+	r.soldOut.Store(units == 0)
 	r.rr.Store(rr)
 	m.rooms[name] = r
 	return r
