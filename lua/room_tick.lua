@@ -41,7 +41,7 @@ if not opened and opens <= now then
   opened = true
 end
 
-local admitted, skipped = 0, 0
+local n_admitted, n_skipped = 0, 0
 local m = redis.call('HMGET', meta, 'served', 'next', 'tokens', 'last', 'bought')
 local served, nxt = tonumber(m[1] or '0'), tonumber(m[2] or '0')
 local bought = tonumber(m[5] or '0')
@@ -69,9 +69,9 @@ if opened then
           if tokens < 1 or slots < 1 then break end
           redis.call('ZADD', active, now + session, id)
           redis.call('HSET', admitted, id, string.sub(rec, 1, bar - 1) .. '|' .. p)
-          tokens, slots, admitted = tokens - 1, slots - 1, admitted + 1
+          tokens, slots, n_admitted = tokens - 1, slots - 1, n_admitted + 1
         else
-          skipped = skipped + 1
+          n_skipped = n_skipped + 1
         end
         redis.call('HDEL', seen, id)
       end
@@ -82,4 +82,4 @@ if opened then
   redis.call('HSET', meta, 'served', served, 'tokens', tostring(tokens), 'last', now)
 end
 for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, keep) end
-return {served, nxt, redis.call('ZCARD', active), admitted, skipped, expired, now, opened and 1 or 0, redis.call('ZCARD', pre), bought}
+return {served, nxt, redis.call('ZCARD', active), n_admitted, n_skipped, expired, now, opened and 1 or 0, redis.call('ZCARD', pre), bought}

@@ -35,6 +35,9 @@ func byIdentity(t *testing.T, evs []room.Event) map[string]room.Event {
 		if _, dup := m[e.Identity]; dup {
 			t.Errorf("%s admitted twice", e.Identity)
 		}
+		if e.Arrival <= 0 || e.Granted < e.Arrival || e.Place <= 0 {
+			t.Errorf("%s: admission traced with arrival %d, grant %d, place %d", e.Identity, e.Arrival, e.Granted, e.Place)
+		}
 		m[e.Identity] = e
 	}
 	return m
