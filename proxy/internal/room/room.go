@@ -84,6 +84,8 @@ const (
 	tickTimeout  = 500 * time.Millisecond
 	enterTimeout = 250 * time.Millisecond
 	maxSteps     = 2000
+	// touchChunk bounds the polls one step call carries.
+	touchChunk = 4096
 	// keyKeep: a room's keys expire this long after its last write, so a
 	// finished sale's line does not stay in Redis for ever.
 	keyKeep = 24 * time.Hour

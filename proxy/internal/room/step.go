@@ -100,16 +100,39 @@ func (rm *Room) step(ctx context.Context, rr *ruleRoom, now time.Time) {
 	rm.mu.Unlock()
 	c := rr.cfg
 	burst := math.Max(1, c.AdmitPerSecond/4)
-	args := make([]any, 0, 11+len(seen))
-	args = append(args, c.AdmitPerSecond, burst, c.MaxActive, units, c.NoShowMargin, c.PlaceTTL.Milliseconds(),
-		c.Session.Milliseconds(), rm.opensMs(rr), maxSteps, keyKeep.Milliseconds(), base)
+	ids := make([]string, 0, len(seen))
 	for id := range seen {
-		args = append(args, id)
+		ids = append(ids, id)
 	}
-	tctx, cancel := context.WithTimeout(ctx, tickTimeout)
-	v, err := lua.RoomTick.Run(tctx, rm.m.o.Redis, rm.keys, args...).Slice()
-	cancel()
-	rm.call("tick", err)
+	// The polls go in chunks, a script call each, so that no call carries
+	// an unbounded argument list; only the last call walks the line (with
+	// every poll recorded: no holder is skipped for a poll in a later
+	// chunk).
+	var v []any
+	var err error
+	var admitted, skipped, expired int64
+	for first := true; first || len(ids) > 0; first = false {
+		n := min(len(ids), touchChunk)
+		steps := 0
+		if n == len(ids) {
+			steps = maxSteps
+		}
+		args := make([]any, 0, 11+n)
+		args = append(args, c.AdmitPerSecond, burst, c.MaxActive, units, c.NoShowMargin, c.PlaceTTL.Milliseconds(),
+			c.Session.Milliseconds(), rm.opensMs(rr), steps, keyKeep.Milliseconds(), base)
+		for _, id := range ids[:n] {
+			args = append(args, id)
+		}
+		ids = ids[n:]
+		tctx, cancel := context.WithTimeout(ctx, tickTimeout)
+		v, err = lua.RoomTick.Run(tctx, rm.m.o.Redis, rm.keys, args...).Slice()
+		cancel()
+		rm.call("tick", err)
+		if err != nil || len(v) < 10 {
+			break
+		}
+		admitted, skipped, expired = admitted+num(v[3]), skipped+num(v[4]), expired+num(v[5])
+	}
 	if err != nil || len(v) < 10 {
 		if ctx.Err() == nil {
 			rm.m.o.Log.Debug("waiting room: step failed", "room", rm.Name, "err", err)
@@ -149,9 +172,9 @@ func (rm *Room) step(ctx context.Context, rr *ruleRoom, now time.Time) {
 	if mt := rm.m.o.Metrics; mt != nil {
 		mt.Waiting.WithLabelValues(rm.Name).Set(float64(ns.next - ns.served + ns.pre))
 		mt.Active.WithLabelValues(rm.Name).Set(float64(ns.active))
-		mt.Admitted.WithLabelValues(rm.Name).Add(float64(num(v[3])))
-		mt.Abandoned.WithLabelValues(rm.Name).Add(float64(num(v[4])))
-		mt.Expired.WithLabelValues(rm.Name).Add(float64(num(v[5])))
+		mt.Admitted.WithLabelValues(rm.Name).Add(float64(admitted))
+		mt.Abandoned.WithLabelValues(rm.Name).Add(float64(skipped))
+		mt.Expired.WithLabelValues(rm.Name).Add(float64(expired))
 	}
 }
 
