@@ -221,3 +221,27 @@ func TestRoomRedisFailure(t *testing.T) {
 		})
 	}
 }
+
+// With [proxy.identity] jwt the place is the verified user's: the same user
+// from other addresses, at either instance, without its ticket, gets its
+// place back; another user behind the same address gets its own.
+func TestRoomJWTIdentity(t *testing.T) {
+	t.Parallel()
+	const secret = "room-jwt-secret-0123456789abcdef0123456789"
+	s := newRoomSetup(t, conf.WaitingRoom{AdmitPerSecond: 0.01})
+	s.cfg.Proxy.Identity.JWT = &conf.JWT{Header: "Authorization", Alg: "HS256", KeyFile: writeSecret(t, secret), Claim: "sub", Issuer: "shop"}
+	s.start(t, 2)
+	cs := s.clients()
+	alice := "Bearer " + hsToken(t, secret, "alice", time.Now().Add(time.Hour))
+	bob := "Bearer " + hsToken(t, secret, "bob", time.Now().Add(time.Hour))
+	a1 := roomAsk(t, cs[0], "POST", purchasePath(roomAct), "10.1.0.1", "", "Authorization", alice)
+	a2 := roomAsk(t, cs[1], "POST", purchasePath(roomAct), "10.1.0.2", "", "Authorization", alice)
+	b1 := roomAsk(t, cs[0], "POST", purchasePath(roomAct), "10.1.0.1", "", "Authorization", bob)
+	if a1.position != 1 || a2.position != 1 || b1.position != 2 {
+		t.Errorf("alice at %d then %d (another address, the other instance), bob at %d; want 1, 1, 2", a1.position, a2.position, b1.position)
+	}
+	// Alice's ticket is worth nothing to bob.
+	if r := roomAsk(t, cs[1], "POST", purchasePath(roomAct), "10.1.0.1", a1.ticket, "Authorization", bob); r.position != 2 {
+		t.Errorf("bob with alice's ticket: position %d, want his own 2", r.position)
+	}
+}
