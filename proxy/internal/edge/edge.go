@@ -336,13 +336,12 @@ func problem(ctx *fasthttp.RequestCtx, status int, typ, title, detail string) {
 
 // problemBody is the proxy's problem details document.
 func problemBody(status int, typ, title, detail string) []byte {
-	return problemBodyExt(status, typ, title, detail, nil)
+	return append(appendProblemHead(make([]byte, 0, 160), status, typ, title, detail), '}')
 }
 
-// problemBodyExt is problemBody with extension members: ext, when not
-// empty, is their JSON text starting with a comma.
-func problemBodyExt(status int, typ, title, detail string, ext []byte) []byte {
-	b := make([]byte, 0, 160+len(ext))
+// appendProblemHead appends the proxy's problem details document to b
+// without its closing brace, for extension members to follow.
+func appendProblemHead(b []byte, status int, typ, title, detail string) []byte {
 	b = append(b, `{"type":"urn:seckill:proxy:`...)
 	b = append(b, typ...)
 	b = append(b, `","code":"`...)
@@ -352,9 +351,7 @@ func problemBodyExt(status int, typ, title, detail string, ext []byte) []byte {
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"detail":`...)
-	b = strconv.AppendQuote(b, detail)
-	b = append(b, ext...)
-	return append(b, '}')
+	return strconv.AppendQuote(b, detail)
 }
 
 // ServerError answers errors fasthttp raises before the handler runs:

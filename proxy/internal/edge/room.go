@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"html"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -132,7 +133,11 @@ func roomAnswer(ctx *fasthttp.RequestCtx, res *room.Result) {
 		ctx.SetBody(roomPage(res, title, detail, eta))
 		return
 	}
-	ext := make([]byte, 0, 200)
+	// Built in a pooled buffer: SetBody copies it (a poll is the hot path
+	// of a crowd in line).
+	bp := roomBufs.Get().(*[]byte)
+	defer roomBufs.Put(bp)
+	ext := appendProblemHead((*bp)[:0], status, typ, title, detail)
 	ext = append(ext, `,"room":`...)
 	ext = strconv.AppendQuote(ext, res.Room.Name)
 	if res.Answer != room.Unavailable {
@@ -151,11 +156,15 @@ func roomAnswer(ctx *fasthttp.RequestCtx, res *room.Result) {
 		ext = append(ext, `,"ticket":`...)
 		ext = strconv.AppendQuote(ext, res.Ticket)
 	}
+	ext = append(ext, '}')
+	*bp = ext
 	ctx.Response.ResetBody()
 	ctx.SetStatusCode(status)
 	rh.SetContentTypeBytes(ctProblem)
-	ctx.SetBody(problemBodyExt(status, typ, title, detail, ext))
+	ctx.SetBody(ext)
 }
+
+var roomBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
 // roomPage is the waiting page: no script, no external asset; it reloads
 // itself after Retry-After (the cookie carries the ticket).

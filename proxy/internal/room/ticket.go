@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"os"
 	"sync"
 	"time"
@@ -80,23 +81,44 @@ func Reason(err error) string {
 	return ""
 }
 
-// hash64 is the first 8 bytes of SHA-256 of s: stable across instances
-// and builds (tickets cross instances).
-func hash64(s string) uint64 {
-	h := sha256.Sum256([]byte(s))
+// hash64 is the first 8 bytes of SHA-256 of tag and s: stable across
+// instances and builds (tickets cross instances). Built on the stack for
+// the usual lengths: it runs on every poll.
+func hash64(tag, s string) uint64 {
+	var buf [160]byte
+	b := append(append(buf[:0], tag...), s...)
+	h := sha256.Sum256(b)
 	return binary.BigEndian.Uint64(h[:8])
 }
 
 // RoomHash identifies a room in its tickets.
-func RoomHash(name string) uint64 { return hash64("room\x00" + name) }
+func RoomHash(name string) uint64 { return hash64("room\x00", name) }
 
 // IdentityHash identifies a client in its tickets.
-func IdentityHash(id string) uint64 { return hash64("id\x00" + id) }
+func IdentityHash(id string) uint64 { return hash64("id\x00", id) }
 
 type key struct {
 	id     uint32
 	secret []byte
 	until  time.Time // zero: current
+	// macs pools the key's HMAC states: hmac.New costs more than the MAC
+	// of a ticket.
+	macs *sync.Pool
+}
+
+func newKey(id uint32, secret []byte) key {
+	return key{id: id, secret: secret, macs: &sync.Pool{New: func() any { return hmac.New(sha256.New, secret) }}}
+}
+
+// mac appends the ticket MAC of payload to dst.
+func (k key) mac(dst, payload []byte) []byte {
+	m := k.macs.Get().(hash.Hash)
+	m.Reset()
+	m.Write(payload)
+	var sum [sha256.Size]byte
+	out := append(dst, m.Sum(sum[:0])[:macLen]...)
+	k.macs.Put(m)
+	return out
 }
 
 // Keyring holds the signing key and, for a grace period after a rotation,
@@ -131,7 +153,7 @@ func readKey(path string) (key, error) {
 		return key{}, fmt.Errorf("%s holds %d bytes, needs at least %d (e.g. openssl rand -hex 32)", path, len(b), MinKeyBytes)
 	}
 	h := sha256.Sum256(b)
-	return key{id: binary.BigEndian.Uint32(h[:4]), secret: b}, nil
+	return newKey(binary.BigEndian.Uint32(h[:4]), b), nil
 }
 
 // Rotate reads path again; when it holds a new key, that key signs from
@@ -154,12 +176,6 @@ func (r *Keyring) Rotate(path string, grace time.Duration, now time.Time) error 
 	return nil
 }
 
-func mac(secret, payload []byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write(payload)
-	return m.Sum(nil)[:macLen]
-}
-
 // Sign encodes t with the current key.
 func (r *Keyring) Sign(t Ticket) string {
 	r.mu.RLock()
@@ -174,7 +190,7 @@ func (r *Keyring) Sign(t Ticket) string {
 	binary.BigEndian.PutUint64(p[22:], uint64(t.Place))
 	binary.BigEndian.PutUint64(p[30:], uint64(t.Arrival))
 	binary.BigEndian.PutUint64(p[38:], uint64(t.Expires))
-	copy(buf[payloadLen:], mac(k.secret, p))
+	k.mac(buf[:payloadLen], p)
 	return b64.EncodeToString(buf[:])
 }
 
@@ -195,18 +211,19 @@ func (r *Keyring) Parse(s []byte, now time.Time) (Ticket, error) {
 	}
 	kid := binary.BigEndian.Uint32(p[2:])
 	r.mu.RLock()
-	var secret []byte
+	var k key
 	switch {
 	case kid == r.cur.id:
-		secret = r.cur.secret
+		k = r.cur
 	case r.hasPrev && kid == r.prev.id && now.Before(r.prev.until):
-		secret = r.prev.secret
+		k = r.prev
 	}
 	r.mu.RUnlock()
-	if secret == nil {
+	if k.secret == nil {
 		return Ticket{}, refuse(ReasonUnknownKey)
 	}
-	if !hmac.Equal(mac(secret, p), buf[payloadLen:ticketLen]) {
+	var sum [macLen]byte
+	if !hmac.Equal(k.mac(sum[:0], p), buf[payloadLen:ticketLen]) {
 		return Ticket{}, refuse(ReasonSignature)
 	}
 	t := Ticket{
