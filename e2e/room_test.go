@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -155,5 +157,80 @@ waiting_room = { key_file = %q, admit_per_second = 60, poll_interval = "1s", pla
 		if n := sample(t, "http://"+px.AdminAddr+"/metrics", `seckill_proxy_room_bad_tickets_total{reason="unknown_key",room="idle"}`); n != 0 {
 			t.Errorf("%s: %d tickets of the old key refused within key_grace", px.Name, n)
 		}
+	}
+}
+
+// bin/bench fairness against two bin/proxy in front of the real backend:
+// one sale behind a waiting room, one behind the usual windows, the same
+// crowd of bots and polite clients at each. Every unit is sold in both;
+// with the room on, every loser is told sold out and the bots win no
+// larger share than the polite clients (a small crowd: the point estimate,
+// not the bound); the figures of both are logged.
+func TestBenchFairness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: builds and runs the binaries")
+	}
+	t.Parallel()
+	s := stack.New(t, stack.Options{Backends: 1, Workers: 1})
+	key := filepath.Join(s.Dir, "room.key")
+	servicetest.Must(t, os.WriteFile(key, []byte("e2e-bench-room-key-0123456789abcdef0123"), 0o600), "key")
+	cfg := fmt.Sprintf(`[proxy]
+trusted_proxies = ["127.0.0.0/8"]
+
+[[proxy.rules]]
+name         = "room"
+methods      = ["POST"]
+path_prefix  = "/api/v1/activities/81/"
+global       = { limit = 100000, window = "1s" }
+waiting_room = { key_file = %q, activity_id = 81, admit_per_second = 40, poll_interval = "1s", place_ttl = "10s" }
+
+[[proxy.rules]]
+name        = "purchase"
+methods     = ["POST"]
+path_prefix = "/api/v1/activities/"
+per_ip      = { limit = 5, window = "1s" }
+global      = { limit = 40, window = "1s" }
+`, key)
+	pxs := []*stack.Proc{s.StartProxy(t, "proxy-a", cfg), s.StartProxy(t, "proxy-b", cfg)}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := servicetest.CommandContext(ctx, t, stack.Binary(t, "bench"), "fairness", "-config", s.ConfigPath,
+		"-targets", pxs[0].URL()+","+pxs[1].URL(), "-admin-url", s.Backends[0].URL(), "-admin-token", stack.AdminToken,
+		"-room-activity", "81", "-plain-activity", "82", "-stock", "20", "-polite", "150", "-bots", "15",
+		"-spread", "500ms", "-timeout", "40s")
+	cmd.Env = s.Env
+	out, err := cmd.CombinedOutput()
+	t.Logf("bench fairness:\n%s", out)
+	if err != nil {
+		t.Fatalf("bench fairness: %v", err)
+	}
+	var on, off struct{ polite, pn, bots, bn, never int }
+	for _, line := range strings.Split(string(out), "\n") {
+		var p, pn, b, bn, never int
+		var pp, bp float64
+		if _, err := fmt.Sscanf(strings.TrimSpace(line), "units won    polite %d/%d (%f%%)  bots %d/%d (%f%%)", &p, &pn, &pp, &b, &bn, &bp); err == nil {
+			if on.pn == 0 {
+				on.polite, on.pn, on.bots, on.bn = p, pn, b, bn
+			} else {
+				off.polite, off.pn, off.bots, off.bn = p, pn, b, bn
+			}
+		}
+		if i := strings.Index(line, "never told "); i >= 0 {
+			never, _ = strconv.Atoi(strings.TrimSpace(line[i+len("never told "):]))
+			if off.pn == 0 {
+				on.never = never
+			} else {
+				off.never = never
+			}
+		}
+	}
+	if on.polite+on.bots != 20 || off.polite+off.bots != 20 {
+		t.Errorf("units won: room on %d, room off %d; want 20 each", on.polite+on.bots, off.polite+off.bots)
+	}
+	if on.never != 0 {
+		t.Errorf("room on: %d losers never told sold out", on.never)
+	}
+	if on.pn > 0 && on.bn > 0 && float64(on.bots)/float64(on.bn) > 1.5*float64(on.polite)/float64(on.pn)+1.0/float64(on.bn) {
+		t.Errorf("room on: bots won %d/%d, polite %d/%d", on.bots, on.bn, on.polite, on.pn)
 	}
 }
