@@ -75,6 +75,9 @@ func (h *Handler) afterRoom(ctx *fasthttp.RequestCtx, res *room.Result) {
 
 func setTicket(ctx *fasthttp.RequestCtx, res *room.Result) {
 	ctx.Response.Header.SetBytesK(hdrRoomTicket, res.Ticket)
+	if res.Kept {
+		return // the cookie the client holds is this ticket
+	}
 	c := fasthttp.AcquireCookie()
 	defer fasthttp.ReleaseCookie(c)
 	c.SetKey(res.Cookie)

@@ -387,9 +387,11 @@ type Result struct {
 	Place, Ahead int64
 	ETA          time.Duration
 	RetryAfter   int64 // seconds
-	// Ticket, when not empty, is the client's new ticket, valid MaxAge s.
+	// Ticket, when not empty, is the client's ticket, valid MaxAge s; Kept:
+	// the one it came with, still fresh (its cookie needs no renewal).
 	Ticket string
 	MaxAge int64
+	Kept   bool
 	// Cookie is the room's cookie name; Secure its Secure attribute.
 	Cookie string
 	Secure bool
@@ -521,7 +523,11 @@ func (rm *Room) enter(rr *ruleRoom, q Request) Result {
 		switch {
 		case ok && pi.place > st.served:
 			rm.touch(q.Identity)
-			return rm.waiting(rr, st, pi, q.Now, idh)
+			var held *heldTicket
+			if valid {
+				held = &heldTicket{q.Ticket, t.Expires}
+			}
+			return rm.waiting(rr, st, pi, q.Now, idh, held)
 		case ok && pi.place == 0 && !st.opened:
 			rm.touch(q.Identity)
 			return rm.preQueue(rr, q.Now, idh)
@@ -584,11 +590,11 @@ func (rm *Room) arrive(rr *ruleRoom, q Request, t Ticket, valid bool, idh uint64
 	} else if st.served < served {
 		st = &state{served: served, opened: true}
 	}
-	return rm.waiting(rr, st, pi, q.Now, idh)
+	return rm.waiting(rr, st, pi, q.Now, idh, nil)
 }
 
 // waiting answers a client in line at pi.
-func (rm *Room) waiting(rr *ruleRoom, st *state, pi placeInfo, now time.Time, idh uint64) Result {
+func (rm *Room) waiting(rr *ruleRoom, st *state, pi placeInfo, now time.Time, idh uint64, held *heldTicket) Result {
 	ahead := max(pi.place-st.served-1, 0)
 	rate := st.rate
 	if rate <= 0 {
@@ -603,11 +609,25 @@ func (rm *Room) waiting(rr *ruleRoom, st *state, pi placeInfo, now time.Time, id
 		retry = 1
 	}
 	ttl := rr.cfg.PlaceTTL.Duration
-	// Signed anew on every poll: its expiry follows the holder's polls, so
-	// a ticket outlives its place by place_ttl at most.
-	tk := rr.keys.Sign(Ticket{Kind: KindPlace, Room: rm.hash, Identity: idh, Place: pi.place,
+	res := Result{Answer: Waiting, Place: pi.place, Ahead: ahead, ETA: eta, RetryAfter: retry, MaxAge: int64(ttl / time.Second)}
+	// The ticket's expiry follows the holder's polls, so a ticket outlives
+	// its place by place_ttl at most. One with more than half of it left
+	// is handed back as it came (a poll then costs no signature and sets
+	// no cookie); polls come at least every place_ttl/3, so it is renewed
+	// before it expires.
+	if held != nil && held.expires-now.UnixMilli() > ttl.Milliseconds()/2 {
+		res.Ticket, res.Kept = string(held.raw), true
+		return res
+	}
+	res.Ticket = rr.keys.Sign(Ticket{Kind: KindPlace, Room: rm.hash, Identity: idh, Place: pi.place,
 		Arrival: pi.arrival, Expires: now.Add(ttl).UnixMilli()})
-	return Result{Answer: Waiting, Place: pi.place, Ahead: ahead, ETA: eta, RetryAfter: retry, Ticket: tk, MaxAge: int64(ttl / time.Second)}
+	return res
+}
+
+// heldTicket is the valid place ticket a poll came with.
+type heldTicket struct {
+	raw     []byte
+	expires int64
 }
 
 func (rm *Room) preQueue(rr *ruleRoom, now time.Time, idh uint64) Result {
@@ -631,7 +651,7 @@ func (rm *Room) failed(rr *ruleRoom, st *state, t Ticket, valid bool, now time.T
 	case ModeLocal:
 		if valid && t.Kind == KindPlace && st != nil && t.Place > 0 {
 			// The line is frozen where it was last seen: the place stays.
-			return rm.waiting(rr, st, placeInfo{t.Place, t.Arrival}, now, idh)
+			return rm.waiting(rr, st, placeInfo{t.Place, t.Arrival}, now, idh, nil)
 		}
 	}
 	return Result{Answer: Unavailable, RetryAfter: 1}
