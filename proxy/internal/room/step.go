@@ -32,6 +32,11 @@ func (m *Manager) Step(ctx context.Context) {
 	for name, rm := range m.rooms {
 		if now.Sub(time.UnixMilli(rm.lastUse.Load())) > forgetAfter {
 			delete(m.rooms, name)
+			// Its gauges would keep showing the line as last seen.
+			if mt := m.o.Metrics; mt != nil {
+				mt.Waiting.DeleteLabelValues(name)
+				mt.Active.DeleteLabelValues(name)
+			}
 			continue
 		}
 		rooms = append(rooms, rm)
