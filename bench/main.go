@@ -70,6 +70,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "ceilings" {
 		return runCeilings(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "fairness" {
+		return runFairness(ctx, args[1:], stdout, stderr)
+	}
 	cfg, o, err := parseFlags(args, stdout, stderr)
 	if err != nil {
 		return err

@@ -71,6 +71,8 @@ type Rule struct {
 	// ReadCacheTTL: the proxy answers GETs of this rule from its own cache
 	// this long (conf/readcache.go; 0: off).
 	ReadCacheTTL Duration `toml:"read_cache_ttl"`
+	// WaitingRoom puts a line in front of the rule (conf/room.go); nil: none.
+	WaitingRoom *WaitingRoom `toml:"waiting_room"`
 }
 
 // Window is a sliding-window limit: at most Limit admitted requests per Window.
@@ -226,6 +228,9 @@ func (r *Rule) validate(p *problems, key string, names map[string]bool) {
 		p.add(key+".path_prefix", "must start with /, got %q", r.PathPrefix)
 	}
 	r.validateReadCache(p, key)
+	if r.WaitingRoom != nil {
+		r.WaitingRoom.validate(p, key, r)
+	}
 	if r.PerIP == nil && r.Global == nil {
 		p.add(key, "needs per_ip, global or both")
 	}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -155,7 +156,7 @@ func TestDashboardQueriesParse(t *testing.T) {
 	b.WriteString("groups:\n- name: dashboard\n  rules:\n")
 	for i, e := range exprs {
 		js, _ := json.Marshal(e)
-		b.WriteString("  - record: dashboard:q" + string(rune('a'+i)) + "\n    expr: " + string(js) + "\n")
+		b.WriteString("  - record: dashboard:q" + strconv.Itoa(i) + "\n    expr: " + string(js) + "\n")
 	}
 	f := filepath.Join(t.TempDir(), "dashboard.yml")
 	if err := os.WriteFile(f, b.Bytes(), 0o644); err != nil {

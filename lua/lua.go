@@ -1,8 +1,9 @@
 // Package lua holds the Redis scripts of seckill, embedded at build time, one
 // *Script per .lua file but record.lua, which holds the encodings of
-// order records and user entries and is put before the scripts that use them.
+// order records and user entries, and room_lib.lua, the waiting room's
+// shared functions; each is put before the scripts that use it.
 // Each script opens with a header naming its KEYS, ARGV and return values. Every key of one script shares a hash tag ({act:ID};
-// {seckill:drain} for the drain markers' consumer registry and passes) so the scripts run unchanged on Redis Cluster, and Redis TIME is their clock.
+// {room:<rule>:<activity>} for a waiting room; {seckill:drain} for the drain markers' consumer registry and passes) so the scripts run unchanged on Redis Cluster, and Redis TIME is their clock.
 package lua
 
 import (

@@ -102,6 +102,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, lo
 	bg, bgCancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Handler.Limiter.Run(bg) })
+	wg.Go(func() { p.Handler.Rooms.Run(bg) })
 	subscribed := make(chan struct{})
 	p.Handler.Subscribed = subscribed
 	wg.Go(func() { p.WatchStockEvents(bg, rdb, log, subscribed) })

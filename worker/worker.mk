@@ -43,7 +43,8 @@ FUZZ_TARGETS := \
 	./proxy/internal/token:FuzzExtract \
 	./proxy/internal/token:FuzzVerify \
 	./proxy/internal/access:FuzzDenied \
-	./internal/soldout:FuzzParseEvent
+	./internal/soldout:FuzzParseEvent \
+	./proxy/internal/room:FuzzTicketParse
 
 chaos: services
 	@mkdir -p $(CHAOS_OUT)

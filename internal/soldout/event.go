@@ -13,7 +13,9 @@ import (
 //     admin API publish it; every subscriber forgets what it knew of the sale.
 //   - v2, a JSON object {"v":2,"activity_id":42,"kind":"sold_out"}: a fact
 //     about the sale's state, for whoever acts on it (the proxy fetches the
-//     keys that hold an order, to answer keyed purchases itself). Kinds:
+//     keys that hold an order, to answer keyed purchases itself; its waiting
+//     rooms stop admitting and tell everyone in line, until a read of the
+//     sale's stock shows units again). Kinds:
 //     "sold_out" (no unit is left: the set of keys holding an order is final
 //     until the next news) and "changed" (the same meaning as v1). Fields a
 //     later writer adds are ignored, so a waiting room may carry more in

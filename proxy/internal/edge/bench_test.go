@@ -3,6 +3,9 @@ package edge
 import (
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -143,4 +146,16 @@ func benchProxyWith(b *testing.B, perIP int, window time.Duration, status int, e
 // identity, gate and forwarding alone, the part BenchmarkPassthrough does.
 func BenchmarkServeForward(b *testing.B) {
 	benchProxyWith(b, 1, time.Second, fasthttp.StatusOK, func(c *conf.Config) { c.Proxy.Rules = nil })
+}
+
+// BenchmarkServeWaiting: every request is the poll of a client in a
+// waiting room's line that never moves, answered 429 from the line as this
+// instance last saw it, with a freshly signed ticket and no Redis call:
+// compare with BenchmarkServeLimited (the aim: at least 0.8 of its rate).
+func BenchmarkServeWaiting(b *testing.B) {
+	key := filepath.Join(b.TempDir(), "room.key")
+	servicetest.Must(b, os.WriteFile(key, []byte(strings.Repeat("k", 32)), 0o600), "key")
+	benchProxyWith(b, 10_000_000, time.Second, fasthttp.StatusTooManyRequests, func(c *conf.Config) {
+		c.Proxy.Rules[0].WaitingRoom = &conf.WaitingRoom{KeyFile: key, ActivityID: 1, AdmitPerSecond: 0.01}
+	})
 }

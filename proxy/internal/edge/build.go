@@ -23,6 +23,7 @@ import (
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
 	"github.com/seckill/seckill/proxy/internal/readcache"
+	"github.com/seckill/seckill/proxy/internal/room"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
 
@@ -38,13 +39,20 @@ type Proxy struct {
 }
 
 // Option adjusts New.
-type Option func(*limiter.Config)
+type Option struct {
+	limiter func(*limiter.Config)
+	room    func(*room.Options)
+}
 
 // WithTrace reports every admitted request's windows with their Redis-time
 // decision stamps (see limiter.Config.Trace); for tests.
 func WithTrace(fn func(policy, client string, redisMicros int64)) Option {
-	return func(c *limiter.Config) { c.Trace = fn }
+	return Option{limiter: func(c *limiter.Config) { c.Trace = fn }}
 }
+
+// WithRoom adjusts the waiting rooms' options (a trace of admissions, the
+// step's pace); for tests.
+func WithRoom(fn func(*room.Options)) Option { return Option{room: fn} }
 
 // New wires a proxy instance from a validated configuration.
 func New(cfg conf.Config, rdb redis.UniversalClient, log *slog.Logger, opts ...Option) (*Proxy, error) {
@@ -64,7 +72,9 @@ func New(cfg conf.Config, rdb redis.UniversalClient, log *slog.Logger, opts ...O
 		lc.Redis = rdb
 	}
 	for _, o := range opts {
-		o(&lc)
+		if o.limiter != nil {
+			o.limiter(&lc)
+		}
 	}
 	lim := limiter.New(lc)
 	pool, err := forward.NewPool(cfg.Proxy.Upstreams, forward.Options{
@@ -87,7 +97,17 @@ func New(cfg conf.Config, rdb redis.UniversalClient, log *slog.Logger, opts ...O
 	h := &Handler{Limiter: lim, Identity: id, Pool: pool, SoldOut: soldout.New(cfg.Proxy.SoldOutTTL.Duration, reg),
 		ReadCache: readcache.New(cfg.Proxy.Rules, reg), Registry: reg,
 		Security: NewSecurityMetrics(reg), metrics: metrics.Handler(reg)}
-	h.SoldOut.EnableKeys(reservation.New(rdb, cfg.Redis.KeyPrefix), cfg.Proxy.SoldOutKeysMax, soldout.Hooks{})
+	store := reservation.New(rdb, cfg.Redis.KeyPrefix)
+	h.SoldOut.EnableKeys(store, cfg.Proxy.SoldOutKeysMax, soldout.Hooks{})
+	ro := room.Options{Redis: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Stock: store, Metrics: room.NewMetrics(reg), Log: log}
+	for _, o := range opts {
+		if o.room != nil {
+			o.room(&ro)
+		}
+	}
+	if h.Rooms, err = room.New(cfg.Proxy.Rules, ro); err != nil {
+		return nil, err
+	}
 	h.SetRules(rules)
 	h.SetGate(gate)
 	RegisterGauges(reg, lim)
@@ -105,6 +125,11 @@ func (p *Proxy) Reload(c conf.Proxy) error {
 	if err != nil {
 		return err
 	}
+	// Last of what may fail: it swaps the rooms (and rotates their keys)
+	// when it succeeds.
+	if err := p.Handler.Rooms.SetRules(c.Rules); err != nil {
+		return err
+	}
 	p.Handler.SetRules(rs)
 	p.Handler.SetGate(gate)
 	p.Handler.ReadCache.SetRules(c.Rules)
@@ -115,7 +140,7 @@ func (p *Proxy) Reload(c conf.Proxy) error {
 // WatchStockEvents makes the sold-out cache and the read cache forget an
 // activity on news about it, until ctx ends (see internal/soldout.Watch).
 func (p *Proxy) WatchStockEvents(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger, ready chan<- struct{}) {
-	p.Handler.SoldOut.Subscribe(ctx, rdb, p.cfg.Redis.KeyPrefix, log, ready, p.Handler.ReadCache)
+	p.Handler.SoldOut.Subscribe(ctx, rdb, p.cfg.Redis.KeyPrefix, log, ready, p.Handler.ReadCache, p.Handler.Rooms)
 }
 
 // Server is the forwarding listener's server.

@@ -21,6 +21,7 @@ import (
 	"github.com/seckill/seckill/proxy/internal/identity"
 	"github.com/seckill/seckill/proxy/internal/limiter"
 	"github.com/seckill/seckill/proxy/internal/readcache"
+	"github.com/seckill/seckill/proxy/internal/room"
 	"github.com/seckill/seckill/proxy/internal/soldout"
 )
 
@@ -33,6 +34,8 @@ type Handler struct {
 	Identity *identity.Resolver
 	Pool     *forward.Pool
 	SoldOut  *soldout.Cache // nil: disabled
+	// Rooms are the rules' waiting rooms; nil: none.
+	Rooms *room.Manager
 	// ReadCache answers GETs of rules with a read_cache_ttl; nil: disabled.
 	ReadCache *readcache.Cache
 	Registry  *prometheus.Registry
@@ -75,6 +78,13 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	// Before everything else: a denied path or a refused token costs no
 	// limiter slot, and limits key on the identity the gate established.
 	verified, jwtTok, ok := h.guard(ctx, method, path)
+	if !ok {
+		return
+	}
+	// The waiting room comes before every other answer of the rule: a
+	// client in line gets its place, not the sold-out cache's or the read
+	// cache's answer; an admitted one goes on to them.
+	rres, ok := h.enterRoom(ctx, method, path, verified != nil, ctx.Time())
 	if !ok {
 		return
 	}
@@ -152,6 +162,9 @@ func (h *Handler) Serve(ctx *fasthttp.RequestCtx) {
 	}
 	if len(s.d.Policies) > 0 {
 		s.buf = setRateLimitHeaders(&ctx.Response.Header, s.d.Policies, s.buf[:0])
+	}
+	if rres.Room != nil {
+		h.afterRoom(ctx, &rres)
 	}
 	if purchase && ctx.Response.StatusCode() == fasthttp.StatusConflict {
 		resp := &ctx.Response
@@ -323,7 +336,12 @@ func problem(ctx *fasthttp.RequestCtx, status int, typ, title, detail string) {
 
 // problemBody is the proxy's problem details document.
 func problemBody(status int, typ, title, detail string) []byte {
-	b := make([]byte, 0, 160)
+	return append(appendProblemHead(make([]byte, 0, 160), status, typ, title, detail), '}')
+}
+
+// appendProblemHead appends the proxy's problem details document to b
+// without its closing brace, for extension members to follow.
+func appendProblemHead(b []byte, status int, typ, title, detail string) []byte {
 	b = append(b, `{"type":"urn:seckill:proxy:`...)
 	b = append(b, typ...)
 	b = append(b, `","code":"`...)
@@ -333,8 +351,7 @@ func problemBody(status int, typ, title, detail string) []byte {
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(status), 10)
 	b = append(b, `,"detail":`...)
-	b = strconv.AppendQuote(b, detail)
-	return append(b, '}')
+	return strconv.AppendQuote(b, detail)
 }
 
 // ServerError answers errors fasthttp raises before the handler runs:

@@ -109,10 +109,12 @@ func startProxy(t *testing.T, cfg conf.Config, opts ...Option) *proxyUnderTest {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Handler.Limiter.Run(ctx); close(done) }()
+	roomsDone := make(chan struct{})
+	go func() { p.Handler.Rooms.Run(ctx); close(roomsDone) }()
 	ready := make(chan struct{})
 	go p.WatchStockEvents(ctx, rdb, log, ready)
 	<-ready
-	t.Cleanup(func() { cancel(); <-done }) // before Serve's shutdown
+	t.Cleanup(func() { cancel(); <-done; <-roomsDone }) // before Serve's shutdown
 	return &proxyUnderTest{addr: addr, p: p, rdb: rdb}
 }
 

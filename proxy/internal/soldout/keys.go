@@ -180,3 +180,22 @@ func (c *Cache) SoldOut(id int64) { c.prefetch(id, time.Now()) }
 func (c *Cache) Close() { c.bg.Wait() }
 
 var _ soldout.SoldOutListener = (*Cache)(nil)
+
+// MayHold reports whether a keyed purchase of a sale with no unit left may
+// be the replay of an accepted order of (user, key): true unless the
+// sale's keys are read and do not hold it (a waiting room then answers it
+// sold out itself; otherwise it goes on to the backend, which answers a
+// replay with its order). It starts reading the keys when they are not.
+func (c *Cache) MayHold(id int64, now time.Time, user, key []byte) bool {
+	if c.src == nil || len(user) == 0 {
+		return true
+	}
+	ks, fetch := c.heldBy(id, now)
+	if ks == nil {
+		if fetch {
+			c.startFetch(id)
+		}
+		return true
+	}
+	return ks.forward || ks.holds(fingerprint(user, key))
+}
