@@ -24,6 +24,11 @@ type Policy struct {
 	// up rather than wait past it (a reservation's deadline, after which the
 	// sweeper acts). A zero Until retries until ctx ends.
 	Until time.Time
+	// TryOutlivesCtx lets a try under way finish (within TryTimeout) when
+	// ctx ends, and only the waits and later tries are cut: for a call that
+	// is worse cut halfway than finished late (an undo cut at shutdown holds
+	// its unit until the sweep).
+	TryOutlivesCtx bool
 	// Tries, when set, gives up after that many tries.
 	Tries int
 	// WaitFirst waits once before the first try (a reconnect right after a
@@ -38,8 +43,8 @@ type Policy struct {
 }
 
 // Retry calls try until it returns nil. It stops early and returns
-//   - ctx's error when ctx ended (during a try or a wait);
 //   - the error a try marked with Stop (unwrapped), at once;
+//   - ctx's error when ctx ended (during a try or a wait);
 //   - the last try's error when Tries or Until say to give up.
 func Retry(ctx context.Context, p Policy, try func(context.Context) error) error {
 	bo := New(p.Min, p.Max)
@@ -51,12 +56,13 @@ func Retry(ctx context.Context, p Policy, try func(context.Context) error) error
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+		// A final answer stands even when ctx ended with it.
 		var s stopErr
 		if errors.As(err, &s) {
 			return s.err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
 		var pr progressErr
 		if errors.As(err, &pr) {
@@ -83,6 +89,9 @@ func Retry(ctx context.Context, p Policy, try func(context.Context) error) error
 }
 
 func (p Policy) once(ctx context.Context, try func(context.Context) error) error {
+	if p.TryOutlivesCtx {
+		ctx = context.WithoutCancel(ctx)
+	}
 	if p.TryTimeout <= 0 {
 		return try(ctx)
 	}
