@@ -109,3 +109,22 @@ func TestRetryProgressedResetsTheWaits(t *testing.T) {
 		t.Errorf("waits %v: the third (after progress) should be back at Min", waits)
 	}
 }
+
+func TestRetryTryOutlivesCtx(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	err := Retry(ctx, Policy{Min: time.Millisecond, TryTimeout: time.Second, TryOutlivesCtx: true}, func(tctx context.Context) error {
+		calls++
+		cancel()
+		if tctx.Err() != nil {
+			return tctx.Err()
+		}
+		if _, ok := tctx.Deadline(); !ok {
+			return errors.New("the try lost its own timeout")
+		}
+		return errFlaky
+	})
+	if !errors.Is(err, context.Canceled) || calls != 1 {
+		t.Errorf("err %v after %d calls; want the try finished, then ctx's error and no second try", err, calls)
+	}
+}
