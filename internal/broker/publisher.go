@@ -117,6 +117,7 @@ type PublisherMetrics struct {
 	notConn    prometheus.Counter
 	node       *prometheus.GaugeVec
 	recoveries *prometheus.CounterVec
+	retry      *backoff.Metrics // the reconnect waits (site publisher_reconnect)
 }
 
 // NewPublisherMetrics registers the publisher's metrics on reg under namespace.
@@ -154,6 +155,7 @@ func NewPublisherMetrics(reg prometheus.Registerer, namespace string) *Publisher
 		Help: "Recoveries from consecutive nacks: channel (a channel reopened), connection (reconnected to the next node).",
 	}, []string{"action"})
 	reg.MustRegister(m.outcomes, m.latency, m.reconnects, m.connected, m.node, m.recoveries)
+	m.retry = backoff.NewMetrics(reg)
 	return m
 }
 
@@ -527,20 +529,26 @@ func (p *Publisher) recovered(action string) {
 }
 
 func (p *Publisher) reconnect() *session {
-	// Jittered, so that every backend does not reconnect in lockstep after a
-	// broker restart.
-	bo := backoff.New(p.cfg.ReconnectMin, p.cfg.ReconnectMax)
-	for {
-		wait := bo.Next()
-		if !backoff.Sleep(p.ctx, wait) {
-			return nil
-		}
-		s, err := p.connect()
-		if err == nil {
-			return s
-		}
-		p.log.Warn("amqp publisher reconnect failed", "err", err, "retry_in", wait)
+	// Jittered, and a wait before the first try too, so that every backend
+	// does not reconnect in lockstep after a broker restart; until the
+	// publisher closes.
+	var s *session
+	var retry *backoff.Metrics
+	if p.metrics != nil {
+		retry = p.metrics.retry
 	}
+	err := backoff.Retry(p.ctx, backoff.Policy{Site: "publisher_reconnect", Min: p.cfg.ReconnectMin, Max: p.cfg.ReconnectMax,
+		WaitFirst: true, Metrics: retry,
+		OnRetry: func(err error, wait time.Duration) {
+			p.log.Warn("amqp publisher reconnect failed", "err", err, "retry_in", wait)
+		}}, func(context.Context) (err error) {
+		s, err = p.connect()
+		return err
+	})
+	if err != nil {
+		return nil
+	}
+	return s
 }
 
 // Node is the host:port of the broker node the publisher is connected to
