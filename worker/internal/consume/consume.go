@@ -1253,9 +1253,8 @@ func partID(d amqp.Delivery, i, n int) string {
 // deadLetterer republishes invalid messages on a confirm-mode channel of the
 // consuming connection; it also declares the topology.
 type deadLetterer struct {
-	mu      sync.Mutex
-	ch      *amqp.Channel
-	returns chan amqp.Return
+	mu      sync.Mutex // one publish at a time: two of one message id (a redelivery dead-lettered again) wait, not refuse
+	ch      *broker.ConfirmChannel
 	topo    broker.Topology
 	timeout time.Duration
 }
@@ -1295,10 +1294,11 @@ func newDeadLetterer(conn *amqp.Connection, topo broker.Topology, timeout time.D
 	if err := topo.Declare(ch); err != nil {
 		return nil, err
 	}
-	if err := ch.Confirm(false); err != nil {
-		return nil, fmt.Errorf("confirm mode: %w", err)
+	cc, err := broker.NewConfirmChannel(ch, 4)
+	if err != nil {
+		return nil, err
 	}
-	return &deadLetterer{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 4)), topo: topo, timeout: timeout}, nil
+	return &deadLetterer{ch: cc, topo: topo, timeout: timeout}, nil
 }
 
 // publish republishes body (d's, or one order of it) as message id to the
@@ -1330,27 +1330,7 @@ func (dl *deadLetterer) publish(ctx context.Context, d amqp.Delivery, id string,
 func (dl *deadLetterer) send(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
-	for len(dl.returns) > 0 { // a return of an earlier publish that timed out
-		<-dl.returns
-	}
 	ctx, cancel := context.WithTimeout(ctx, dl.timeout)
 	defer cancel()
-	dc, err := dl.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
-	if err != nil {
-		return fmt.Errorf("publish to %s: %w", exchange, err)
-	}
-	acked, err := dc.WaitContext(ctx)
-	if err != nil {
-		return fmt.Errorf("confirm of publish to %s: %w", exchange, err)
-	}
-	if !acked {
-		return fmt.Errorf("publish to %s nacked by the broker", exchange)
-	}
-	// The broker sends a return before the confirm of the same publish.
-	select {
-	case r := <-dl.returns:
-		return fmt.Errorf("publish to %s returned: %d %s", exchange, r.ReplyCode, r.ReplyText)
-	default:
-	}
-	return nil
+	return dl.ch.Send(ctx, exchange, key, msg)
 }
