@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -142,7 +143,7 @@ var errArchived = errors.New("sale archived")
 // stays out of Redis.
 func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 	ctx = context.WithoutCancel(ctx) // shared by every waiter
-	return s.flight.do(id, func() (bool, error) {
+	found, err, _ := s.rebuilds.Do(strconv.FormatInt(id, 10), func() (any, error) {
 		a, found, err := s.loadActivity(ctx, id)
 		if err != nil || !found {
 			s.m.rebuilt("not_found", err)
@@ -184,6 +185,7 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		s.log.Info("activity rebuilt in Redis from MySQL", "activity_id", id, "outcome", out)
 		return true, nil
 	})
+	return found.(bool), err
 }
 
 // errStopped: the service closed before a background step ran.

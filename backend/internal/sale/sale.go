@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/seckill/seckill/backend/internal/coalesce"
 	"github.com/seckill/seckill/backend/internal/orderwait"
 	"github.com/seckill/seckill/internal/backoff"
@@ -82,12 +84,12 @@ type Service struct {
 	log   *slog.Logger
 	m     *Metrics
 
-	soldOut *soldout.Flags
-	missing *soldout.Flags
-	state   *stateCache
-	waiters *orderwait.Hub
-	flight  group
-	now     func() time.Time
+	soldOut  *soldout.Flags
+	missing  *soldout.Flags
+	state    *stateCache
+	waiters  *orderwait.Hub
+	rebuilds singleflight.Group // one rebuild per activity id (decimal) at a time
+	now      func() time.Time
 	// afterWarm, when set (tests), runs once an admin change's warm has
 	// built the sale anew, before anything else happens.
 	afterWarm func(id int64)
@@ -120,7 +122,6 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 		missing:   soldout.NewFlags(cfg.NegativeTTL),
 		state:     newStateCache(cfg.StateTTL),
 		waiters:   orderwait.NewHub(cfg.MaxOrderWaiters),
-		flight:    group{calls: make(map[int64]*call)},
 		now:       time.Now,
 		undoSlots: make(chan struct{}, maxUndos),
 		markers:   map[int64]markerSent{},
@@ -669,34 +670,4 @@ func (s *Service) release(ctx context.Context, r PurchaseRequest, orderID, reaso
 func timedOut(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
-}
-
-// group is a single-flight per activity id.
-type group struct {
-	mu    sync.Mutex
-	calls map[int64]*call
-}
-
-type call struct {
-	done  chan struct{}
-	found bool
-	err   error
-}
-
-func (g *group) do(id int64, fn func() (bool, error)) (bool, error) {
-	g.mu.Lock()
-	if c, ok := g.calls[id]; ok {
-		g.mu.Unlock()
-		<-c.done
-		return c.found, c.err
-	}
-	c := &call{done: make(chan struct{})}
-	g.calls[id] = c
-	g.mu.Unlock()
-	c.found, c.err = fn()
-	g.mu.Lock()
-	delete(g.calls, id)
-	g.mu.Unlock()
-	close(c.done)
-	return c.found, c.err
 }
