@@ -139,18 +139,15 @@ func Names() []string {
 func Preload(ctx context.Context, rdb redis.Scripter) error {
 	// A process starting while Redis is slow (a loaded machine, a failover)
 	// retries a failed load until ctx ends, rather than exit on one timeout.
-	bo := backoff.New(50*time.Millisecond, time.Second)
 	for _, n := range Names() {
-		for {
-			err := registry[n].Load(ctx, rdb).Err()
-			if err == nil {
-				break
-			}
-			if !backoff.Sleep(ctx, bo.Next()) {
-				return fmt.Errorf("load script %s: %w", n, err)
-			}
+		var last error
+		if backoff.Retry(ctx, backoff.Policy{Site: "script_load", Min: 50 * time.Millisecond, Max: time.Second},
+			func(ctx context.Context) error {
+				last = registry[n].Load(ctx, rdb).Err()
+				return last
+			}) != nil {
+			return fmt.Errorf("load script %s: %w", n, last)
 		}
-		bo.Reset()
 	}
 	return nil
 }

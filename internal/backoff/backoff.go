@@ -1,4 +1,5 @@
-// Package backoff is the one retry delay of every reconnect and retry loop:
+// Package backoff is the one retry loop (Retry, with each call site's
+// Policy) and the one retry delay of every reconnect and retry loop:
 // exponential from a minimum to a maximum, each wait jittered into [d/2, d]
 // so that a fleet that lost its broker or database at the same moment does
 // not come back in lockstep.

@@ -117,6 +117,7 @@ type PublisherMetrics struct {
 	notConn    prometheus.Counter
 	node       *prometheus.GaugeVec
 	recoveries *prometheus.CounterVec
+	retry      *backoff.Metrics // the reconnect waits (site publisher_reconnect)
 }
 
 // NewPublisherMetrics registers the publisher's metrics on reg under namespace.
@@ -154,6 +155,7 @@ func NewPublisherMetrics(reg prometheus.Registerer, namespace string) *Publisher
 		Help: "Recoveries from consecutive nacks: channel (a channel reopened), connection (reconnected to the next node).",
 	}, []string{"action"})
 	reg.MustRegister(m.outcomes, m.latency, m.reconnects, m.connected, m.node, m.recoveries)
+	m.retry = backoff.NewMetrics(reg)
 	return m
 }
 
@@ -259,15 +261,10 @@ type session struct {
 	blocked atomic.Bool
 }
 
-// pubChannel is one confirm-mode channel with its return correlation.
+// pubChannel is one confirm-mode channel of the publisher, with its nack
+// bookkeeping.
 type pubChannel struct {
-	ch      *amqp.Channel
-	returns chan amqp.Return
-
-	// mu guards pending and every receive from returns, so that a waiter that
-	// drains under mu sees every return the broker sent before its ack.
-	mu      sync.Mutex
-	pending map[string]*inflight
+	*ConfirmChannel
 
 	// nacks counts consecutive nacks (an ack resets it); acked is set at
 	// the first ack. forNacks marks a channel opened in place of one
@@ -276,8 +273,6 @@ type pubChannel struct {
 	acked    atomic.Bool
 	forNacks bool
 }
-
-type inflight struct{ returned bool }
 
 // NewPublisher connects (declaring the topology) and keeps the connection up
 // until Close. It fails when the first connection cannot be made.
@@ -384,20 +379,11 @@ func (p *Publisher) connect() (*session, error) {
 }
 
 func openChannel(conn *amqp.Connection) (*pubChannel, error) {
-	ch, err := conn.Channel()
+	cc, err := OpenConfirmChannel(conn, returnsBuffer)
 	if err != nil {
-		return nil, fmt.Errorf("amqp channel: %w", err)
+		return nil, err
 	}
-	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
-		return nil, fmt.Errorf("amqp confirm mode: %w", err)
-	}
-	pc := &pubChannel{
-		ch:      ch,
-		returns: ch.NotifyReturn(make(chan amqp.Return, returnsBuffer)),
-		pending: make(map[string]*inflight),
-	}
-	return pc, nil
+	return &pubChannel{ConfirmChannel: cc}, nil
 }
 
 // supervise watches the live session: it reopens a channel the broker closed,
@@ -468,8 +454,8 @@ func (p *Publisher) watch(s *session, connClosed <-chan *amqp.Error, tick <-chan
 		case <-tick:
 			for i := range s.chans {
 				pc := s.chans[i].Load()
-				pc.drainStale()
-				if !pc.ch.IsClosed() {
+				pc.Strays() // late returns of publishes given up: nobody waits for them
+				if !pc.IsClosed() {
 					continue
 				}
 				if s.conn.IsClosed() {
@@ -517,7 +503,7 @@ func (p *Publisher) replace(s *session, pc *pubChannel) bool {
 	p.log.Warn("amqp publisher reopened a channel the broker kept nacking", "node", s.addr, "nacks", pc.nacks.Load())
 	// Close waits for the broker's close-ok: not on the supervisor. The
 	// publishes still waiting on pc fail as ErrConnectionLost.
-	go func() { _ = pc.ch.Close() }()
+	go func() { _ = pc.Close() }()
 	return true
 }
 
@@ -527,20 +513,26 @@ func (p *Publisher) recovered(action string) {
 }
 
 func (p *Publisher) reconnect() *session {
-	// Jittered, so that every backend does not reconnect in lockstep after a
-	// broker restart.
-	bo := backoff.New(p.cfg.ReconnectMin, p.cfg.ReconnectMax)
-	for {
-		wait := bo.Next()
-		if !backoff.Sleep(p.ctx, wait) {
-			return nil
-		}
-		s, err := p.connect()
-		if err == nil {
-			return s
-		}
-		p.log.Warn("amqp publisher reconnect failed", "err", err, "retry_in", wait)
+	// Jittered, and a wait before the first try too, so that every backend
+	// does not reconnect in lockstep after a broker restart; until the
+	// publisher closes.
+	var s *session
+	var retry *backoff.Metrics
+	if p.metrics != nil {
+		retry = p.metrics.retry
 	}
+	err := backoff.Retry(p.ctx, backoff.Policy{Site: "publisher_reconnect", Min: p.cfg.ReconnectMin, Max: p.cfg.ReconnectMax,
+		WaitFirst: true, Metrics: retry,
+		OnRetry: func(err error, wait time.Duration) {
+			p.log.Warn("amqp publisher reconnect failed", "err", err, "retry_in", wait)
+		}}, func(context.Context) (err error) {
+		s, err = p.connect()
+		return err
+	})
+	if err != nil {
+		return nil
+	}
+	return s
 }
 
 // Node is the host:port of the broker node the publisher is connected to
@@ -751,14 +743,9 @@ func (p *Publisher) publishTo(ctx context.Context, id, typ, key string, body []b
 	if pc == nil {
 		return ErrNotConnected
 	}
-	e := &inflight{}
-	pc.mu.Lock()
-	if _, dup := pc.pending[id]; dup {
-		pc.mu.Unlock()
+	if !pc.Track(id) {
 		return ErrDuplicate
 	}
-	pc.pending[id] = e
-	pc.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
 	defer cancel()
@@ -771,7 +758,7 @@ func (p *Publisher) publishTo(ctx context.Context, id, typ, key string, body []b
 	select {
 	case p.writes <- struct{}{}:
 	default:
-		pc.forget(id)
+		pc.Forget(id)
 		return fmt.Errorf("%w: %d publishes stuck in the socket write", ErrBlocked, cap(p.writes))
 	}
 	type written struct {
@@ -780,8 +767,8 @@ func (p *Publisher) publishTo(ctx context.Context, id, typ, key string, body []b
 	}
 	wrote := make(chan written, 1)
 	go func() {
-		dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Topology.Exchange, key,
-			true, false, amqp.Publishing{
+		dc, err := pc.Publish(ctx, p.cfg.Topology.Exchange, key,
+			amqp.Publishing{
 				ContentType:  ordermsg.ContentType,
 				DeliveryMode: amqp.Persistent,
 				MessageId:    id,
@@ -800,11 +787,11 @@ func (p *Publisher) publishTo(ctx context.Context, id, typ, key string, body []b
 	case <-ctx.Done():
 		// The frame may still be written later: a message whose publisher
 		// gave up (MayHaveArrived: the caller records its refusal in MySQL).
-		pc.forget(id)
+		pc.Forget(id)
 		return ErrConfirmTimeout
 	}
 	if err != nil {
-		pc.forget(id)
+		pc.Forget(id)
 		if ctx.Err() != nil {
 			return ErrConfirmTimeout
 		}
@@ -813,25 +800,21 @@ func (p *Publisher) publishTo(ctx context.Context, id, typ, key string, body []b
 	}
 	if dc == nil {
 		// Only a channel not in confirm mode gives no confirmation.
-		pc.forget(id)
+		pc.Forget(id)
 		// The frame was written: not ErrNotConnected (MayHaveArrived).
 		return errors.New("channel not in confirm mode")
 	}
 	select {
 	case <-dc.Done():
 	case <-ctx.Done():
-		pc.forget(id)
+		pc.Forget(id)
 		return ErrConfirmTimeout
 	}
 	acked := dc.Acked()
 	// RabbitMQ sends basic.return before the basic.ack of the same message, and
 	// amqp091 dispatches both on one goroutine, so the return is in the buffer
 	// by now; drain under mu, then look at our entry.
-	pc.mu.Lock()
-	pc.drainLocked()
-	returned := e.returned
-	delete(pc.pending, id)
-	pc.mu.Unlock()
+	_, returned := pc.Done(id)
 	switch {
 	case returned:
 		// The broker serves; the message could not be routed.
@@ -840,7 +823,7 @@ func (p *Publisher) publishTo(ctx context.Context, id, typ, key string, body []b
 		pc.nacks.Store(0)
 		pc.acked.Store(true)
 		return nil
-	case pc.ch.IsClosed():
+	case pc.IsClosed():
 		// A closing channel nacks every outstanding confirmation.
 		return ErrConnectionLost
 	}
@@ -863,9 +846,7 @@ func (p *Publisher) outstanding() int {
 	n := 0
 	for i := range s.chans {
 		pc := s.chans[i].Load()
-		pc.mu.Lock()
-		n += len(pc.pending)
-		pc.mu.Unlock()
+		n += pc.Pending()
 	}
 	return n
 }
@@ -878,40 +859,9 @@ func (p *Publisher) pick(s *session) *pubChannel {
 	start := p.rr.Add(1)
 	for i := uint64(0); i < n; i++ {
 		pc := s.chans[(start+i)%n].Load()
-		if !pc.ch.IsClosed() && pc.nacks.Load() < int32(p.cfg.NackLimit) {
+		if !pc.IsClosed() && pc.nacks.Load() < int32(p.cfg.NackLimit) {
 			return pc
 		}
 	}
 	return nil
-}
-
-func (pc *pubChannel) forget(id string) {
-	pc.mu.Lock()
-	pc.drainLocked()
-	delete(pc.pending, id)
-	pc.mu.Unlock()
-}
-
-// drainLocked moves every buffered return to its pending entry; returns of
-// messages nobody waits for any more are dropped. Caller holds mu.
-func (pc *pubChannel) drainLocked() {
-	for {
-		select {
-		case r, ok := <-pc.returns:
-			if !ok {
-				return
-			}
-			if e := pc.pending[r.MessageId]; e != nil {
-				e.returned = true
-			}
-		default:
-			return
-		}
-	}
-}
-
-func (pc *pubChannel) drainStale() {
-	pc.mu.Lock()
-	pc.drainLocked()
-	pc.mu.Unlock()
 }

@@ -5,10 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
@@ -141,7 +143,7 @@ var errArchived = errors.New("sale archived")
 // stays out of Redis.
 func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 	ctx = context.WithoutCancel(ctx) // shared by every waiter
-	return s.flight.do(id, func() (bool, error) {
+	found, err, _ := s.rebuilds.Do(strconv.FormatInt(id, 10), func() (any, error) {
 		a, found, err := s.loadActivity(ctx, id)
 		if err != nil || !found {
 			s.m.rebuilt("not_found", err)
@@ -183,6 +185,7 @@ func (s *Service) rebuild(ctx context.Context, id int64) (bool, error) {
 		s.log.Info("activity rebuilt in Redis from MySQL", "activity_id", id, "outcome", out)
 		return true, nil
 	})
+	return found.(bool), err
 }
 
 // errStopped: the service closed before a background step ran.
@@ -226,15 +229,16 @@ func (s *Service) sendMarker(id int64, token string) {
 	if at, ok := salesdb.TokenTime(token); ok {
 		notBefore = at.Add(s.cfg.PublishTimeout)
 	}
-	s.later(now.Add(s.cfg.ReservationTTL), func(r string) { s.m.purchased("drain_marker_" + r) }, func() error {
-		if d := time.Until(notBefore); d > 0 {
-			select {
-			case <-s.stop:
-				return errStopped
-			case <-time.After(d):
-			}
+	// Retried as a background Redis call is, up to the reservation TTL; each
+	// try waits for notBefore first, then has PublishTimeout of its own.
+	p := s.redisRetry("backend_drain_marker", now.Add(s.cfg.ReservationTTL))
+	p.TryTimeout = 0
+	s.later(p, func(r string) { s.m.purchased("drain_marker_" + r) }, func(ctx context.Context) error {
+		// The wait for notBefore ends at Close; the publish after it does not.
+		if d := time.Until(notBefore); d > 0 && !backoff.Sleep(s.bgCtx, d) {
+			return errStopped
 		}
-		pctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
+		pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
 		defer cancel()
 		err := s.pub.PublishMarker(pctx, m)
 		if err == nil || errors.Is(err, broker.ErrDuplicate) {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/metrics"
 )
 
@@ -19,6 +20,7 @@ type Metrics struct {
 	waiters      prometheus.Gauge
 	undos        *prometheus.CounterVec
 	groupSize    prometheus.Histogram
+	retry        *backoff.Metrics // the background retries, by site
 }
 
 // stateReadResults label the sale-state reads: answered from the cache,
@@ -70,6 +72,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Namespace: "seckill_backend", Name: "order_waiters",
 		Help: "Order long-polls waiting now.",
 	})
+	m.retry = backoff.NewMetrics(reg)
 	reg.MustRegister(m.reservations, m.reserveTime, m.purchases, m.rebuilds, reads, m.waits, m.waiters, m.undos, m.groupSize)
 	return m
 }
@@ -128,4 +131,12 @@ func (m *Metrics) grouped(n int) {
 	if m != nil {
 		m.groupSize.Observe(float64(n))
 	}
+}
+
+// retries counts the service's background retries (nil: not counted).
+func (m *Metrics) retries() *backoff.Metrics {
+	if m == nil {
+		return nil
+	}
+	return m.retry
 }

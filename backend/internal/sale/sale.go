@@ -14,8 +14,11 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/seckill/seckill/backend/internal/coalesce"
 	"github.com/seckill/seckill/backend/internal/orderwait"
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
@@ -81,12 +84,12 @@ type Service struct {
 	log   *slog.Logger
 	m     *Metrics
 
-	soldOut *soldout.Flags
-	missing *soldout.Flags
-	state   *stateCache
-	waiters *orderwait.Hub
-	flight  group
-	now     func() time.Time
+	soldOut  *soldout.Flags
+	missing  *soldout.Flags
+	state    *stateCache
+	waiters  *orderwait.Hub
+	rebuilds singleflight.Group // one rebuild per activity id (decimal) at a time
+	now      func() time.Time
 	// afterWarm, when set (tests), runs once an admin change's warm has
 	// built the sale anew, before anything else happens.
 	afterWarm func(id int64)
@@ -103,8 +106,9 @@ type Service struct {
 
 	bg        sync.WaitGroup // background undos
 	undoSlots chan struct{}  // bounds the undos in the background
-	stop      chan struct{}
-	stopOnce  sync.Once
+	// bgCtx ends at Close: the background retries give up then.
+	bgCtx  context.Context
+	stopBg context.CancelFunc
 }
 
 // New returns a service. m may be nil.
@@ -118,12 +122,11 @@ func New(store *reservation.Store, db *sql.DB, pub Publisher, cfg Config, log *s
 		missing:   soldout.NewFlags(cfg.NegativeTTL),
 		state:     newStateCache(cfg.StateTTL),
 		waiters:   orderwait.NewHub(cfg.MaxOrderWaiters),
-		flight:    group{calls: make(map[int64]*call)},
 		now:       time.Now,
-		stop:      make(chan struct{}),
 		undoSlots: make(chan struct{}, maxUndos),
 		markers:   map[int64]markerSent{},
 	}
+	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
 	s.groups = coalesce.New(cfg.GroupMax, cfg.GroupLinger, s.runGroup)
 	s.groups.OnPanic(s.groupPanicked)
 	return s
@@ -353,8 +356,8 @@ const (
 // expires it: it never re-publishes a reservation whose message the broker
 // did not confirm, so the 503 keeps nothing either way).
 func (s *Service) undoLater(r PurchaseRequest, orderID, reason string, deadline time.Time) {
-	s.later(deadline, s.m.undone, func() error {
-		out, err := s.undoOnce(r, orderID, reason)
+	s.later(s.redisRetry("backend_undo", deadline), s.m.undone, func(ctx context.Context) error {
+		out, err := s.store.Undo(ctx, r.ActivityID, orderID, reason, r.UserID, r.IdempotencyKey)
 		if err != nil {
 			return err
 		}
@@ -376,20 +379,28 @@ func (s *Service) undoLater(r PurchaseRequest, orderID, reason string, deadline 
 // find the order unmarked; the worker outage that lets it get there is
 // long).
 func (s *Service) markLater(activityID int64, orderID string, deadline time.Time) {
-	s.later(deadline, func(r string) { s.m.purchased("queued_mark_" + r) }, func() error {
-		rctx, cancel := context.WithTimeout(context.Background(), s.cfg.RedisTimeout)
-		defer cancel()
-		_, err := s.store.MarkQueued(rctx, activityID, orderID)
+	s.later(s.redisRetry("backend_queued_mark", deadline), func(r string) { s.m.purchased("queued_mark_" + r) }, func(ctx context.Context) error {
+		_, err := s.store.MarkQueued(ctx, activityID, orderID)
 		return err
 	}, func(err error) {
 		s.log.Warn("queued mark gave up at the order's deadline", "order_id", orderID, "err", err)
 	})
 }
 
-// later runs once in the background until it returns nil, with back-off,
-// giving up at deadline or Close; at most maxUndos run at once (beyond,
-// the sweeper is left to act). count gets "skipped" and "gave_up".
-func (s *Service) later(deadline time.Time, count func(string), once func() error, gaveUp func(error)) {
+// redisRetry is the policy of a background Redis call: each try within
+// RedisTimeout, the first retry after a quarter of it, the waits doubling to
+// a second, none ending past until (after it the sweeper acts, or a later
+// purchase tries again); Close cuts the waits, not a try under way.
+func (s *Service) redisRetry(site string, until time.Time) backoff.Policy {
+	return backoff.Policy{Site: site, Min: s.cfg.RedisTimeout / 4, Max: time.Second,
+		TryTimeout: s.cfg.RedisTimeout, TryOutlivesCtx: true, Until: until, Metrics: s.m.retries()}
+}
+
+// later runs once in the background until it returns nil, retried as p
+// says, giving up where p gives up or at Close; at most maxUndos run at once
+// (beyond, the sweeper is left to act). count gets "skipped" and "gave_up";
+// gaveUp gets the last error when p gave up (not at Close).
+func (s *Service) later(p backoff.Policy, count func(string), once func(context.Context) error, gaveUp func(error)) {
 	select {
 	case s.undoSlots <- struct{}{}:
 	default:
@@ -401,24 +412,13 @@ func (s *Service) later(deadline time.Time, count func(string), once func() erro
 	s.bg.Add(1)
 	go func() {
 		defer func() { <-s.undoSlots; s.bg.Done() }()
-		wait := s.cfg.RedisTimeout / 4
-		for {
-			err := once()
-			if err == nil {
-				return
-			}
-			if !time.Now().Add(wait).Before(deadline) {
-				count("gave_up")
-				gaveUp(err)
-				return
-			}
-			select {
-			case <-s.stop:
-				count("gave_up")
-				return
-			case <-time.After(wait):
-			}
-			wait = min(2*wait, time.Second)
+		err := backoff.Retry(s.bgCtx, p, once)
+		if err == nil {
+			return
+		}
+		count("gave_up")
+		if s.bgCtx.Err() == nil {
+			gaveUp(err)
 		}
 	}()
 }
@@ -429,23 +429,16 @@ func (s *Service) later(deadline time.Time, count func(string), once func() erro
 // can answer keyed purchases. A shortcut only (a proxy also learns from the
 // sold-out answers it forwards): one try, in the background, no retry.
 func (s *Service) announceSoldOut(id int64) {
-	s.later(time.Now(), func(r string) { s.m.purchased("sold_out_event_" + r) }, func() error {
-		rctx, cancel := context.WithTimeout(context.Background(), s.cfg.RedisTimeout)
-		defer cancel()
-		return s.store.AnnounceSoldOut(rctx, id)
+	// Until now: one try, no retry.
+	s.later(s.redisRetry("backend_sold_out_event", time.Now()), func(r string) { s.m.purchased("sold_out_event_" + r) }, func(ctx context.Context) error {
+		return s.store.AnnounceSoldOut(ctx, id)
 	}, func(error) {})
-}
-
-func (s *Service) undoOnce(r PurchaseRequest, orderID, reason string) (reservation.ReleaseOutcome, error) {
-	rctx, cancel := context.WithTimeout(context.Background(), s.cfg.RedisTimeout)
-	defer cancel()
-	return s.store.Undo(rctx, r.ActivityID, orderID, reason, r.UserID, r.IdempotencyKey)
 }
 
 // Close stops the background undos (each gives up; the sweeper expires what
 // they leave) and waits for them.
 func (s *Service) Close() {
-	s.stopOnce.Do(func() { close(s.stop) })
+	s.stopBg()
 	s.bg.Wait()
 }
 
@@ -677,34 +670,4 @@ func (s *Service) release(ctx context.Context, r PurchaseRequest, orderID, reaso
 func timedOut(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
-}
-
-// group is a single-flight per activity id.
-type group struct {
-	mu    sync.Mutex
-	calls map[int64]*call
-}
-
-type call struct {
-	done  chan struct{}
-	found bool
-	err   error
-}
-
-func (g *group) do(id int64, fn func() (bool, error)) (bool, error) {
-	g.mu.Lock()
-	if c, ok := g.calls[id]; ok {
-		g.mu.Unlock()
-		<-c.done
-		return c.found, c.err
-	}
-	c := &call{done: make(chan struct{})}
-	g.calls[id] = c
-	g.mu.Unlock()
-	c.found, c.err = fn()
-	g.mu.Lock()
-	delete(g.calls, id)
-	g.mu.Unlock()
-	close(c.done)
-	return c.found, c.err
 }

@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/seckill/seckill/conf"
+	"github.com/seckill/seckill/internal/broker"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/internal/schema"
@@ -85,11 +86,12 @@ func PublishConfirm(ctx context.Context, url, queue string, d time.Duration, win
 			_ = c.Close()
 		}
 	}()
-	if err := ch.Confirm(false); err != nil {
-		return Result{}, fmt.Errorf("publish ceiling: confirm mode: %w", err)
+	// The channel the order publisher publishes on; no message ids are
+	// tracked (the messages carry none), so any return is a stray.
+	cc, err := broker.NewConfirmChannel(ch, 1)
+	if err != nil {
+		return Result{}, fmt.Errorf("publish ceiling: %w", err)
 	}
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window+1))
-	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
 	body, err := sample(1, 1)
 	if err != nil {
 		return Result{}, err
@@ -97,24 +99,29 @@ func PublishConfirm(ctx context.Context, url, queue string, d time.Duration, win
 	msg := amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body}
 
 	var sent, acked int64
+	// The confirms awaited, oldest first: the broker confirms in order.
+	awaiting := make([]*amqp.DeferredConfirmation, 0, window)
 	wait := func() error {
+		dc := awaiting[0]
+		awaiting = awaiting[1:]
 		select {
-		case c, ok := <-confirms:
-			if !ok {
-				return errors.New("publish ceiling: channel closed before every confirm")
-			}
-			if !c.Ack {
-				return fmt.Errorf("publish ceiling: message %d nacked", c.DeliveryTag)
-			}
-			acked++
-			return nil
-		case r := <-returns:
-			return fmt.Errorf("publish ceiling: message returned: %d %s", r.ReplyCode, r.ReplyText)
+		case <-dc.Done():
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(30 * time.Second):
 			return errors.New("publish ceiling: no confirm in 30 s")
 		}
+		if cc.Strays() > 0 {
+			return errors.New("publish ceiling: message returned")
+		}
+		if !dc.Acked() {
+			if cc.IsClosed() {
+				return errors.New("publish ceiling: channel closed before every confirm")
+			}
+			return fmt.Errorf("publish ceiling: message %d nacked", dc.DeliveryTag)
+		}
+		acked++
+		return nil
 	}
 	start := time.Now()
 	end := start.Add(d)
@@ -124,9 +131,11 @@ func PublishConfirm(ctx context.Context, url, queue string, d time.Duration, win
 				return Result{}, err
 			}
 		}
-		if err := ch.PublishWithContext(ctx, "", queue, true, false, msg); err != nil {
+		dc, err := cc.Publish(ctx, "", queue, msg)
+		if err != nil {
 			return Result{}, fmt.Errorf("publish ceiling: %w", err)
 		}
+		awaiting = append(awaiting, dc)
 		sent++
 	}
 	for acked < sent {
@@ -135,10 +144,8 @@ func PublishConfirm(ctx context.Context, url, queue string, d time.Duration, win
 		}
 	}
 	took := time.Since(start)
-	select {
-	case r := <-returns:
-		return Result{}, fmt.Errorf("publish ceiling: message returned: %d %s", r.ReplyCode, r.ReplyText)
-	default:
+	if cc.Strays() > 0 {
+		return Result{}, errors.New("publish ceiling: message returned")
 	}
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum})
 	if err != nil {

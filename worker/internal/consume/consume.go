@@ -235,25 +235,32 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	bo := backoff.New(c.cfg.ReconnectMin, c.cfg.ReconnectMax)
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 {
+	// Sessions are never done: the loop ends with ctx (a shutdown), and a
+	// session that got as far as consuming starts the waits afresh.
+	sessions := 0
+	_ = backoff.Retry(ctx, backoff.Policy{Site: "worker_amqp_session", Min: c.cfg.ReconnectMin, Max: c.cfg.ReconnectMax,
+		Metrics: c.m.Retry,
+		OnRetry: func(err error, d time.Duration) {
+			c.log.Warn("amqp session lost; reconnecting", "err", err, "in", d)
+		}}, func(context.Context) error {
+		if sessions++; sessions > 1 {
 			c.m.Reconnects.Inc()
 		}
 		consumed, err := c.session(ctx, work, nodes)
-		if ctx.Err() != nil {
-			return nil
+		if err == nil {
+			err = errSessionEnded
 		}
 		if consumed {
-			bo.Reset()
+			return backoff.Progressed(err)
 		}
-		d := bo.Next()
-		c.log.Warn("amqp session lost; reconnecting", "err", err, "in", d)
-		if !backoff.Sleep(ctx, d) {
-			return nil
-		}
-	}
+		return err
+	})
+	return nil
 }
+
+// errSessionEnded stands for a session that ended without an error of its
+// own, so that the reconnect loop goes on.
+var errSessionEnded = errors.New("amqp session ended")
 
 // session runs one connection: declare, subscribe, consume until the
 // connection fails or ctx ends. consumed reports that it got as far as
@@ -884,9 +891,10 @@ func (c *Consumer) resend(ctx context.Context, me member, m ordermsg.Marker, dl 
 	if err != nil {
 		return err
 	}
-	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
-	for {
-		err := dl.send(ctx, c.cfg.Topology.Exchange, c.cfg.Topology.PartitionKey(me.partition), amqp.Publishing{
+	return backoff.Retry(ctx, c.retryPolicy("worker_marker_resend", func(err error, d time.Duration) {
+		c.log.Warn("drain marker copy not sent round again; retrying", "activity", m.ActivityID, "in", d, "err", err)
+	}), func(ctx context.Context) error {
+		return dl.send(ctx, c.cfg.Topology.Exchange, c.cfg.Topology.PartitionKey(me.partition), amqp.Publishing{
 			ContentType:  ordermsg.ContentType,
 			DeliveryMode: amqp.Persistent,
 			MessageId:    m.MessageID(),
@@ -894,65 +902,40 @@ func (c *Consumer) resend(ctx context.Context, me member, m ordermsg.Marker, dl 
 			Timestamp:    time.Now(),
 			Body:         body,
 		})
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		d := bo.Next()
-		c.log.Warn("drain marker copy not sent round again; retrying", "activity", m.ActivityID, "in", d, "err", err)
-		if !backoff.Sleep(ctx, d) {
-			return ctx.Err()
-		}
-	}
+	})
+}
+
+// retryPolicy is the policy of the worker's retries of Redis, MySQL and
+// its own publishes: [worker] retry_min to retry_max, until ctx ends (the
+// shutdown grace, or the session lost), each try bounded by the call itself.
+func (c *Consumer) retryPolicy(site string, onRetry func(error, time.Duration)) backoff.Policy {
+	return backoff.Policy{Site: site, Min: c.cfg.RetryMin, Max: c.cfg.RetryMax, Metrics: c.m.Retry, OnRetry: onRetry}
 }
 
 // endRecovery ends the recovery a drain marker names, from MySQL's truth;
 // retried while MySQL or Redis fail, until ctx ends.
 func (c *Consumer) endRecovery(ctx context.Context, m ordermsg.Marker) error {
-	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
-	for {
-		ended, err := c.end(ctx, m.ActivityID, m.Token)
-		if err == nil {
-			if ended {
-				c.log.Info("sale recovered from a Redis loss: its drain marker passed every live consumer of every partition",
-					"activity", m.ActivityID, "token", m.Token)
-			}
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		d := bo.Next()
+	return backoff.Retry(ctx, c.retryPolicy("worker_end_recovery", func(err error, d time.Duration) {
 		c.log.Warn("end of recovery failed; retrying", "activity", m.ActivityID, "in", d, "err", err)
-		if !backoff.Sleep(ctx, d) {
-			return ctx.Err()
+	}), func(ctx context.Context) error {
+		ended, err := c.end(ctx, m.ActivityID, m.Token)
+		if err == nil && ended {
+			c.log.Info("sale recovered from a Redis loss: its drain marker passed every live consumer of every partition",
+				"activity", m.ActivityID, "token", m.Token)
 		}
-	}
+		return err
+	})
 }
 
 // redis runs one Redis call with RedisTimeout, retrying with back-off while
 // it fails, until ctx ends.
 func (c *Consumer) redis(ctx context.Context, what string, call func(context.Context) error) error {
-	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
-	for {
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
-		err := call(rctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	p := c.retryPolicy("worker_redis", func(err error, d time.Duration) {
 		c.m.Retries.WithLabelValues(workermetrics.CauseRedis).Inc()
-		d := bo.Next()
 		c.log.Warn(what+" failed; retrying", "in", d, "err", err)
-		if !backoff.Sleep(ctx, d) {
-			return ctx.Err()
-		}
-	}
+	})
+	p.TryTimeout = c.cfg.RedisTimeout
+	return backoff.Retry(ctx, p, call)
 }
 
 // ack acks the decided tags: with one multiple ack of the highest when every
@@ -991,10 +974,13 @@ func (c *Consumer) write(ctx context.Context, g *group) error {
 	for i, o := range g.orders {
 		ids[i] = o.OrderID
 	}
-	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
 	claimed := g.claimed
 	permanent := 0
-	for try := 1; ; try++ {
+	try := 0
+	return backoff.Retry(ctx, c.retryPolicy("worker_write", func(err error, d time.Duration) {
+		c.log.Warn("batch not written; retrying", "activity", g.activityID, "orders", len(g.orders), "try", try, "in", d, "err", err)
+	}), func(ctx context.Context) error {
+		try++
 		var err error
 		if !claimed {
 			var states []reservation.State
@@ -1029,18 +1015,11 @@ func (c *Consumer) write(ctx context.Context, g *group) error {
 				permanent = 0
 			}
 			if permanent >= permanentTries {
-				return fmt.Errorf("%w: %v", errPermanent, err)
+				return backoff.Stop(fmt.Errorf("%w: %v", errPermanent, err))
 			}
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		d := bo.Next()
-		c.log.Warn("batch not written; retrying", "activity", g.activityID, "orders", len(g.orders), "try", try, "in", d, "err", err)
-		if !backoff.Sleep(ctx, d) {
-			return ctx.Err()
-		}
-	}
+		return err
+	})
 }
 
 // isolate writes the orders of a group MySQL refused one by one; each one
@@ -1085,23 +1064,20 @@ func (c *Consumer) isolate(ctx context.Context, g *group) (*group, []int, error)
 // MySQL fails transiently; errPermanent when MySQL refuses the row, ctx's
 // error when ctx ended first.
 func (c *Consumer) fail(ctx context.Context, o ordermsg.Order, reason string) (store.Outcome, error) {
-	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
-	for {
-		out, err := c.w.Fail(ctx, o, reason)
-		if err == nil {
-			return out, nil
-		}
-		if store.Permanent(err) {
-			return store.Outcome{}, fmt.Errorf("%w: %v", errPermanent, err)
-		}
-		if ctx.Err() != nil {
-			return store.Outcome{}, ctx.Err()
-		}
+	var out store.Outcome
+	err := backoff.Retry(ctx, c.retryPolicy("worker_fail", func(error, time.Duration) {
 		c.m.Retries.WithLabelValues(workermetrics.CauseMySQL).Inc()
-		if !backoff.Sleep(ctx, bo.Next()) {
-			return store.Outcome{}, ctx.Err()
+	}), func(ctx context.Context) (err error) {
+		out, err = c.w.Fail(ctx, o, reason)
+		if store.Permanent(err) {
+			return backoff.Stop(fmt.Errorf("%w: %v", errPermanent, err))
 		}
+		return err
+	})
+	if err != nil {
+		return store.Outcome{}, err
 	}
+	return out, nil
 }
 
 // settle applies a committed group's outcomes to Redis, retrying while Redis
@@ -1112,25 +1088,17 @@ func (c *Consumer) settle(ctx context.Context, g *group) {
 	for i, o := range g.outcomes {
 		s[i] = o.Settlement()
 	}
-	bo := backoff.New(c.cfg.RetryMin, c.cfg.RetryMax)
-	for {
-		sctx, cancel := context.WithTimeout(ctx, c.cfg.RedisTimeout)
-		_, err := c.res.Settle(sctx, g.activityID, s)
-		cancel()
-		if err == nil {
-			return
-		}
-		if ctx.Err() != nil {
-			c.log.Error("settle abandoned; the orders stay claimed in Redis until swept", "activity", g.activityID, "orders", len(s), "err", err)
-			return
-		}
+	p := c.retryPolicy("worker_settle", func(err error, d time.Duration) {
 		c.m.Retries.WithLabelValues(workermetrics.CauseSettle).Inc()
-		d := bo.Next()
 		c.log.Warn("settle failed; retrying", "activity", g.activityID, "orders", len(s), "in", d, "err", err)
-		if !backoff.Sleep(ctx, d) {
-			c.log.Error("settle abandoned; the orders stay claimed in Redis until swept", "activity", g.activityID, "orders", len(s))
-			return
-		}
+	})
+	p.TryTimeout = c.cfg.RedisTimeout
+	var last error
+	if err := backoff.Retry(ctx, p, func(ctx context.Context) error {
+		_, last = c.res.Settle(ctx, g.activityID, s)
+		return last
+	}); err != nil {
+		c.log.Error("settle abandoned; the orders stay claimed in Redis until swept", "activity", g.activityID, "orders", len(s), "err", last)
 	}
 }
 
@@ -1285,9 +1253,8 @@ func partID(d amqp.Delivery, i, n int) string {
 // deadLetterer republishes invalid messages on a confirm-mode channel of the
 // consuming connection; it also declares the topology.
 type deadLetterer struct {
-	mu      sync.Mutex
-	ch      *amqp.Channel
-	returns chan amqp.Return
+	mu      sync.Mutex // one publish at a time: two of one message id (a redelivery dead-lettered again) wait, not refuse
+	ch      *broker.ConfirmChannel
 	topo    broker.Topology
 	timeout time.Duration
 }
@@ -1327,10 +1294,11 @@ func newDeadLetterer(conn *amqp.Connection, topo broker.Topology, timeout time.D
 	if err := topo.Declare(ch); err != nil {
 		return nil, err
 	}
-	if err := ch.Confirm(false); err != nil {
-		return nil, fmt.Errorf("confirm mode: %w", err)
+	cc, err := broker.NewConfirmChannel(ch, 4)
+	if err != nil {
+		return nil, err
 	}
-	return &deadLetterer{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 4)), topo: topo, timeout: timeout}, nil
+	return &deadLetterer{ch: cc, topo: topo, timeout: timeout}, nil
 }
 
 // publish republishes body (d's, or one order of it) as message id to the
@@ -1362,27 +1330,7 @@ func (dl *deadLetterer) publish(ctx context.Context, d amqp.Delivery, id string,
 func (dl *deadLetterer) send(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	dl.mu.Lock()
 	defer dl.mu.Unlock()
-	for len(dl.returns) > 0 { // a return of an earlier publish that timed out
-		<-dl.returns
-	}
 	ctx, cancel := context.WithTimeout(ctx, dl.timeout)
 	defer cancel()
-	dc, err := dl.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
-	if err != nil {
-		return fmt.Errorf("publish to %s: %w", exchange, err)
-	}
-	acked, err := dc.WaitContext(ctx)
-	if err != nil {
-		return fmt.Errorf("confirm of publish to %s: %w", exchange, err)
-	}
-	if !acked {
-		return fmt.Errorf("publish to %s nacked by the broker", exchange)
-	}
-	// The broker sends a return before the confirm of the same publish.
-	select {
-	case r := <-dl.returns:
-		return fmt.Errorf("publish to %s returned: %d %s", exchange, r.ReplyCode, r.ReplyText)
-	default:
-	}
-	return nil
+	return dl.ch.Send(ctx, exchange, key, msg)
 }

@@ -11,13 +11,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/ordermsg"
 	"github.com/seckill/seckill/internal/reservation"
 	"github.com/seckill/seckill/worker/internal/workermetrics"
@@ -164,29 +164,33 @@ func (s *Store) tx(ctx context.Context, activityID int64, orders []Order, soldOu
 	// Keys held by other orders are looked up only after the index refused
 	// one: Redis's idempotency check keeps that rare.
 	keys := false
-	for attempt := 1; ; attempt++ {
+	attempt := 0
+	var res []Outcome
+	var guardFailed bool
+	// Tries follow one another closely: a short jittered pause lets the
+	// winner of the lock commit.
+	err := backoff.Retry(ctx, backoff.Policy{Site: "worker_mysql_tx", Min: 5 * time.Millisecond, Max: 40 * time.Millisecond,
+		Tries: s.attempts, Metrics: s.m.Retry,
+		OnRetry: func(err error, _ time.Duration) {
+			cause, _ := transientCause(err)
+			s.m.Retries.WithLabelValues(cause).Inc()
+		}}, func(ctx context.Context) error {
+		attempt++
 		start := time.Now()
-		res, guardFailed, err := s.attempt(ctx, activityID, orders, soldOut, check, keys)
+		var err error
+		res, guardFailed, err = s.attempt(ctx, activityID, orders, soldOut, check, keys)
 		s.m.TxSeconds.Observe(time.Since(start).Seconds())
 		check = true
 		keys = keys || keyTaken(err)
-		cause, transient := transientCause(err)
-		if err == nil || !transient || attempt >= s.attempts || ctx.Err() != nil {
-			if err != nil {
-				return nil, false, fmt.Errorf("write %d orders of activity %d (try %d): %w", len(orders), activityID, attempt, err)
-			}
-			return res, guardFailed, nil
+		if _, transient := transientCause(err); err != nil && !transient {
+			return backoff.Stop(err)
 		}
-		s.m.Retries.WithLabelValues(cause).Inc()
-		// A short random pause lets the winner of the lock commit.
-		t := time.NewTimer(time.Duration(1+rand.IntN(5*attempt)) * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, false, fmt.Errorf("write %d orders of activity %d: %w", len(orders), activityID, ctx.Err())
-		case <-t.C:
-		}
+		return err
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("write %d orders of activity %d (try %d): %w", len(orders), activityID, attempt, err)
 	}
+	return res, guardFailed, nil
 }
 
 // needsCheck reports whether some order may be in MySQL already: Redis

@@ -6,6 +6,7 @@ package workermetrics
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/seckill/seckill/internal/backoff"
 	"github.com/seckill/seckill/internal/metrics"
 )
 
@@ -45,6 +46,7 @@ type Metrics struct {
 	DeadLettered *prometheus.CounterVec // route
 	Reconnects   prometheus.Counter
 	Node         *prometheus.GaugeVec // node: 1 for the broker node consumed from
+	Retry        *backoff.Metrics     // every retry loop's waits, by site
 }
 
 // New registers the worker's metrics on reg.
@@ -93,6 +95,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "1 for the broker node (host:port of [rabbitmq] url) the consumer is connected to; none between sessions.",
 		}, []string{"node"}),
 	}
+	m.Retry = backoff.NewMetrics(reg)
 	reg.MustRegister(m.Deliveries, m.Batches, m.BatchSize, m.Orders, m.TxSeconds, m.Splits,
 		m.Retries, m.DeadLettered, m.Reconnects, m.Node)
 	return m

@@ -9,7 +9,7 @@ import (
 	"github.com/seckill/seckill/conf"
 )
 
-// Review (s3-revlim), finding: a header:Authorization keyed window is vouched
+// Guards a review finding (s3-revlim): a header:Authorization keyed window is vouched
 // for once the request's token verified, but it counts by the raw header
 // value, while the verifier accepts many spellings of one token
 // (token.Bearer: the scheme in any case, any run of spaces or tabs after
@@ -52,7 +52,7 @@ func TestTokenSpellingsShareOneWindow(t *testing.T) {
 	}
 }
 
-// Review (s3-revlim), finding: with the token in a cookie, a cookie:<name>
+// Guards a review finding (s3-revlim): with the token in a cookie, a cookie:<name>
 // keyed window is vouched for once the token verified, but the gate and the
 // limiter need not read the same cookie. The gate takes the first Cookie
 // line whose <name> is a token68 (token.Extract skips a line whose value is
