@@ -2,10 +2,8 @@ package report
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -164,42 +162,16 @@ func TestHTMLSelfContained(t *testing.T) {
 	}
 }
 
-func chromiumPath() string {
-	if p := os.Getenv("CHROMIUM"); p != "" {
-		return p
-	}
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	return ""
-}
-
 // The HTML report renders in headless Chromium, offline, and its script draws
 // the three charts: the DOM after scripts ran holds the SVG series.
 func TestHTMLRendersInChromium(t *testing.T) {
-	bin := chromiumPath()
-	if bin == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("chromium not found (CI requires it: apt-get install chromium, or make bench-deps)")
-		}
-		t.Skip("chromium not found; apt-get install chromium")
-	}
+	chromium := servicetest.NewChromium(t)
 	dir := t.TempDir()
 	page := filepath.Join(dir, "report.html")
 	if err := WriteFile(page, sample(t, true).WriteHTML); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync",
-		"--disable-dev-shm-usage", "--user-data-dir=" + filepath.Join(dir, "profile")}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	out, err := servicetest.CommandContext(ctx, t, bin, append(args, "--dump-dom", "file://"+page)...).Output()
-	if err != nil {
-		t.Fatalf("chromium --dump-dom: %v", err)
-	}
+	out := chromium.Run("--dump-dom", "file://"+page)
 	dom := string(out)
 	if !strings.Contains(dom, `data-charts="3"`) {
 		m := regexp.MustCompile(`data-chart-error="[^"]*"`).FindString(dom)
@@ -226,10 +198,7 @@ func TestHTMLRendersInChromium(t *testing.T) {
 	if p := os.Getenv("BENCH_SCREENSHOT"); p != "" {
 		shot = p
 	}
-	cmd := servicetest.CommandContext(ctx, t, bin, append(args, "--screenshot="+shot, "--window-size=1200,1400", "file://"+page)...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("chromium --screenshot: %v\n%s", err, out)
-	}
+	chromium.Run("--screenshot="+shot, "--window-size=1200,1400", "file://"+page)
 	if st, err := os.Stat(shot); err != nil || st.Size() < 20_000 {
 		t.Errorf("screenshot missing or blank: %v", err)
 	}
