@@ -1,16 +1,19 @@
 package edge
 
 import (
+	"context"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttputil"
 
@@ -44,10 +47,16 @@ func runRequests(b *testing.B, srv *fasthttp.Server, status int, hdr ...string) 
 		MaxConns: 4096, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
 	// One request first: warms the connection, and spends the one slot of
 	// BenchmarkServeLimited.
-	warm := fasthttp.AcquireRequest()
+	// A waiting room's ticket, when the warm-up got one, goes back with
+	// every request, as a poller sends it.
+	warm, warmResp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	warm.SetRequestURI("http://bench/")
-	servicetest.Must(b, c.Do(warm, nil), "warm-up request")
+	servicetest.Must(b, c.Do(warm, warmResp), "warm-up request")
+	if tk := warmResp.Header.Peek("Room-Ticket"); len(tk) > 0 {
+		hdr = append(hdr, "Room-Ticket", string(tk))
+	}
 	fasthttp.ReleaseRequest(warm)
+	fasthttp.ReleaseResponse(warmResp)
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu0 := cpuTime()
@@ -137,9 +146,12 @@ func benchProxyWith(b *testing.B, perIP int, window time.Duration, status int, e
 	})
 	servicetest.Must(b, err, "pool")
 	calls := p.Metrics.Calls
-	before := calls()
+	before, cmds := calls(), redisCommands(b, rdb)
 	runRequests(b, p.Server(log), status, hdr...)
 	b.ReportMetric(float64(calls()-before)/float64(b.N), "redis-calls/op")
+	// every command Redis ran meanwhile (the room's steps, other tests on
+	// the shared Redis too: an upper bound)
+	b.ReportMetric(float64(redisCommands(b, rdb)-cmds)/float64(b.N), "redis-cmds/op")
 }
 
 // BenchmarkServeForward is BenchmarkServe without rules: the proxy's server,
@@ -149,13 +161,28 @@ func BenchmarkServeForward(b *testing.B) {
 }
 
 // BenchmarkServeWaiting: every request is the poll of a client in a
-// waiting room's line that never moves, answered 429 from the line as this
-// instance last saw it, with a freshly signed ticket and no Redis call:
-// compare with BenchmarkServeLimited (the aim: at least 0.8 of its rate).
+// waiting room's line that never moves, with the ticket its first request
+// got, answered 429 from the line as this instance last saw it, with no
+// Redis call: compare with BenchmarkServeLimited (the aim: at least 0.8 of
+// its rate, at most 0.1 Redis commands per poll).
 func BenchmarkServeWaiting(b *testing.B) {
 	key := filepath.Join(b.TempDir(), "room.key")
 	servicetest.Must(b, os.WriteFile(key, []byte(strings.Repeat("k", 32)), 0o600), "key")
 	benchProxyWith(b, 10_000_000, time.Second, fasthttp.StatusTooManyRequests, func(c *conf.Config) {
 		c.Proxy.Rules[0].WaitingRoom = &conf.WaitingRoom{KeyFile: key, ActivityID: 1, AdmitPerSecond: 0.01}
 	})
+}
+
+// redisCommands is the sum of every command's calls in INFO commandstats.
+func redisCommands(b *testing.B, rdb redis.UniversalClient) int64 {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	servicetest.Must(b, err, "commandstats")
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		if _, rest, ok := strings.Cut(line, "calls="); ok && strings.HasPrefix(line, "cmdstat_") {
+			v, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+			n += v
+		}
+	}
+	return n
 }
