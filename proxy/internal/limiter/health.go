@@ -34,14 +34,17 @@ func (s *Redis) ping() {
 // ahead), not a failure.
 func (s *Redis) failAfter() time.Duration { return max(time.Second, 10*s.timeout) }
 
-// answeredSince reports whether Redis answered a call or PING this
-// instance sent after t (mono): then Redis is alive and serves newer work,
-// and a decision still waiting since t met load (the calls ahead of it,
-// this host), not a failure. (An answer to an older call does not vouch:
-// a uniformly slow Redis answers those too, late.)
+// answeredSince reports whether Redis vouched for itself after t (mono):
+// it answered a call or PING this instance sent after t (alive, serving
+// newer work), or any call within four timeouts of its sending, the answer
+// arriving after t (alive, working through the calls queued ahead: a
+// crowd's first burst puts several of this instance's calls in Redis at
+// once). Then a decision still waiting since t met load, not a failure. A
+// later answer to an older call does not vouch: a uniformly slow Redis
+// gives only those.
 func (s *Redis) answeredSince(t int64) bool {
-	ok := s.lastOK.Load()
-	return ok != 0 && ok > t // 0: never
+	ok, quick := s.lastOK.Load(), s.lastQuick.Load()
+	return ok != 0 && ok > t || quick != 0 && quick > t // 0: never
 }
 
 // settle tells the breaker how a call or PING sent at t0 went. An answer
@@ -54,6 +57,10 @@ func (s *Redis) settle(t0 time.Time, alone bool, err error) {
 	now := time.Now()
 	if err == nil {
 		for sent, ok := mono(t0), s.lastOK.Load(); sent > ok && !s.lastOK.CompareAndSwap(ok, sent); ok = s.lastOK.Load() {
+		}
+		if now.Sub(t0) <= 4*s.timeout {
+			for at, q := mono(now), s.lastQuick.Load(); at > q && !s.lastQuick.CompareAndSwap(q, at); q = s.lastQuick.Load() {
+			}
 		}
 		if now.Sub(t0) > 2*s.timeout {
 			if !alone || s.hostLate(now) {

@@ -43,19 +43,21 @@ type Redis struct {
 	br      breaker
 	live    atomic.Int64
 	lastOK  atomic.Int64 // mono ns: when the latest call or PING Redis answered was sent
-	calls   atomic.Int32 // script calls in flight
-	late    atomic.Int64 // how late this host last woke a waiter (ns) ...
-	lateAt  atomic.Int64 // ... and when (mono ns)
-	pings   singleflight.Group
-	leases  *leases
-	backs   atomic.Int32 // lease slots queued or on their way back
-	backMu  sync.Mutex
-	backQ   []backItem
-	backing bool // a goroutine sends backQ
-	m       *Metrics
-	log     *slog.Logger
-	pool    sync.Pool // *op
-	bufs    sync.Pool // *takeBufs
+	// mono ns: when Redis last answered a call within four timeouts
+	lastQuick atomic.Int64
+	calls     atomic.Int32 // script calls in flight
+	late      atomic.Int64 // how late this host last woke a waiter (ns) ...
+	lateAt    atomic.Int64 // ... and when (mono ns)
+	pings     singleflight.Group
+	leases    *leases
+	backs     atomic.Int32 // lease slots queued or on their way back
+	backMu    sync.Mutex
+	backQ     []backItem
+	backing   bool // a goroutine sends backQ
+	m         *Metrics
+	log       *slog.Logger
+	pool      sync.Pool // *op
+	bufs      sync.Pool // *takeBufs
 }
 
 const (
