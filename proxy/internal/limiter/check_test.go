@@ -174,14 +174,23 @@ func TestSilentRedisFallsBackWithinBound(t *testing.T) {
 	}
 	close(h.release) // the held calls now reach Redis and admit their ops
 	for i := range flushers {
-		key := rs.list[0].Windows[0].Key(appendClientKey(nil, rs.list[0].Windows[0], Request{Addr: []byte(fmt.Sprint("10.2.0.", i))}))
-		deadline := time.Now().Add(5 * time.Second)
-		for n := rdb.ZCard(context.Background(), key).Val(); n != 0; n = rdb.ZCard(context.Background(), key).Val() {
-			if time.Now().After(deadline) {
-				t.Fatalf("client %d: %d hits of a decision nobody waited for stayed in its window", i, n)
-			}
-			time.Sleep(10 * time.Millisecond)
+		awaitGivenBack(t, rdb, rs, fmt.Sprint("10.2.0.", i))
+	}
+}
+
+// awaitGivenBack waits (5 s at most) until the per-IP window of the first
+// rule holds no hit of client addr: a decision nobody waits for any more
+// gave its hits back.
+func awaitGivenBack(t *testing.T, rdb redis.UniversalClient, rs *Rules, addr string) {
+	t.Helper()
+	w := rs.list[0].Windows[0]
+	key := w.Key(appendClientKey(nil, w, Request{Addr: []byte(addr)}))
+	deadline := time.Now().Add(5 * time.Second)
+	for n := rdb.ZCard(context.Background(), key).Val(); n != 0; n = rdb.ZCard(context.Background(), key).Val() {
+		if time.Now().After(deadline) {
+			t.Fatalf("client %s: %d hits of a decision nobody waited for stayed in its window", addr, n)
 		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -238,14 +247,7 @@ func TestHeldPastBoundWhileRedisAnswersIsShed(t *testing.T) {
 		t.Fatalf("held past the bound while Redis answered: %+v, %v fallbacks, %v shed", d, value(t, m.fallbacks), value(t, m.shed))
 	}
 	close(h.release)
-	key := rs.list[0].Windows[0].Key(appendClientKey(nil, rs.list[0].Windows[0], Request{Addr: []byte("10.6.0.1")}))
-	deadline := time.Now().Add(5 * time.Second)
-	for n := rdb.ZCard(context.Background(), key).Val(); n != 0; n = rdb.ZCard(context.Background(), key).Val() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the shed decision's hit stayed in its window (%d)", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitGivenBack(t, rdb, rs, "10.6.0.1")
 }
 
 // A lone call held past the bound, while Redis answers the PING sent once
